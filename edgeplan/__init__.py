@@ -1,0 +1,3 @@
+"""edgeplan: a CNN in, verified int8 Edge TPU prefixes and CPU suffixes at every partition point out."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,250 @@
+"""The artifact records of DESIGN.md "A model's artifacts": frozen dataclasses with a JSON round trip.
+
+Every record carries ``schema_version``; a file of another version is refused with a message that
+names it. Writing goes through a temporary file and a rename, so a crash never leaves half a file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from edgeplan.errors import ArtifactError
+
+T = TypeVar("T")
+
+
+def _to_jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [_to_jsonable(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _to_jsonable(v) for k, v in obj.items()}
+    return obj
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+    """Write ``data`` as indented JSON to ``path`` through a temporary file in the same directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(_to_jsonable(data), f, indent=2, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+class _Record:
+    """Mixin: ``to_json``/``from_json``/``save``/``load`` for a frozen dataclass with ``SCHEMA_VERSION``."""
+
+    SCHEMA_VERSION = 1
+
+    def to_json(self) -> dict:
+        return _to_jsonable(self)
+
+    @classmethod
+    def from_json(cls: type[T], data: dict, *, source: str = "<dict>") -> T:
+        version = data.get("schema_version")
+        if version != cls.SCHEMA_VERSION:  # type: ignore[attr-defined]
+            raise ArtifactError(
+                f"{source}: {cls.__name__} schema_version {version!r}, this edgeplan reads "
+                f"{cls.SCHEMA_VERSION} only; rebuild the artifact with this version."  # type: ignore[attr-defined]
+            )
+        return _from_jsonable(cls, data)
+
+    def save(self, path: str | os.PathLike) -> None:
+        write_json_atomic(path, self)
+
+    @classmethod
+    def load(cls: type[T], path: str | os.PathLike) -> T:
+        path = Path(path)
+        if not path.is_file():
+            raise ArtifactError(f"{path}: missing; run the stage that writes it first.")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ArtifactError(f"{path}: not valid JSON ({e}).") from e
+        return cls.from_json(data, source=str(path))  # type: ignore[attr-defined]
+
+
+def _from_jsonable(cls: type, data: Any) -> Any:
+    if not dataclasses.is_dataclass(cls):
+        return data
+    hints = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for name, f in hints.items():
+        if name not in data:
+            continue
+        value = data[name]
+        sub = _FIELD_TYPES.get((cls.__name__, name))
+        if sub is not None and value is not None:
+            if isinstance(value, list):
+                value = tuple(_from_jsonable(sub, v) for v in value)
+            else:
+                value = _from_jsonable(sub, value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class ModelInfo(_Record):
+    """``model.json``: the canonical ONNX model's fingerprint and sizes."""
+
+    name: str
+    version: str
+    sha256: str
+    source: str
+    opset: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    parameter_bytes: int
+    parameter_count: int
+    macs: int
+    node_count: int
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
+class Point:
+    """One partition point: the prefix [0..point] goes to the TPU, the suffix to the CPU (SwapLess §IV)."""
+
+    index: int
+    tensor: str
+    tflite_tensor: str | None
+    prefix_param_bytes: int
+    prefix_macs: int
+    boundary_bytes: int
+    shape: tuple[int, ...] = ()
+    onnx_node: str | None = None
+
+
+@dataclass(frozen=True)
+class DroppedPoint:
+    tensor: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Analysis(_Record):
+    """``analysis.json``: the candidate partition points, in topological order (point 0 all-CPU, P all-TPU)."""
+
+    model_sha256: str
+    points: tuple[Point, ...]
+    dropped: tuple[DroppedPoint, ...] = ()
+    max_points: int | None = None
+    complete: bool = False  # True once the compile stage matched every point to the int8 model
+    onnx_candidates: int = 0
+    note: str = ""
+    schema_version: int = 1
+
+    @property
+    def last(self) -> int:
+        return len(self.points) - 1
+
+
+@dataclass(frozen=True)
+class OperatorRow:
+    """One row of the compiler's ``Operator  Count  Status`` table."""
+
+    op: str
+    count: int
+    status: str
+
+
+@dataclass(frozen=True)
+class CompileReport(_Record):
+    """``compile.json``: what the Edge TPU compiler (real or emulated) made of one prefix."""
+
+    compiler: str  # "edgetpu_compiler" or "emulated"
+    compiler_version: str
+    model: str
+    onchip_param_bytes: int
+    offchip_param_bytes: int
+    onchip_remaining_bytes: int
+    subgraph_count: int
+    total_ops: int
+    tpu_ops: int
+    cpu_ops: int
+    operators: tuple[OperatorRow, ...]
+    first_unmapped: dict | None = None  # {"op", "index", "reason"}: the op that ends the TPU part
+    cocompiled_with: tuple[str, ...] = ()
+    log: str = ""
+    schema_version: int = 1
+
+
+@dataclass(frozen=True)
+class PointCheck:
+    point: int
+    float_max_abs_diff: float | None
+    float_tolerance: float | None
+    float_ok: bool
+    int8_identical_fraction: float
+    int8_ok: bool
+    int8_float_cosine: float
+    cosine_ok: bool
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.float_ok and self.int8_ok and self.cosine_ok and self.error is None
+
+
+@dataclass(frozen=True)
+class VerifyReport(_Record):
+    """``verify.json``: the checks of DESIGN.md at every point."""
+
+    model_sha256: str
+    samples: int
+    min_cosine: float
+    input_dependence: float
+    input_dependence_ok: bool
+    points: tuple[PointCheck, ...]
+    ok: bool
+    schema_version: int = 1
+
+
+_FIELD_TYPES: dict[tuple[str, str], type] = {
+    ("ModelInfo", "inputs"): TensorSpec,
+    ("ModelInfo", "outputs"): TensorSpec,
+    ("Analysis", "points"): Point,
+    ("Analysis", "dropped"): DroppedPoint,
+    ("CompileReport", "operators"): OperatorRow,
+    ("VerifyReport", "points"): PointCheck,
+}
+
+__all__ = [
+    "Analysis",
+    "CompileReport",
+    "DroppedPoint",
+    "ModelInfo",
+    "OperatorRow",
+    "Point",
+    "PointCheck",
+    "TensorSpec",
+    "VerifyReport",
+    "write_bytes_atomic",
+    "write_json_atomic",
+]

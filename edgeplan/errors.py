@@ -1,0 +1,41 @@
+"""One error type per failure a user can act on. Each message says what, where, and what to do."""
+
+
+class EdgeplanError(Exception):
+    """Base of every error edgeplan raises on purpose (the CLI prints these without a traceback)."""
+
+
+class ModelNotFoundError(EdgeplanError):
+    """The model path does not exist."""
+
+
+class CorruptModelError(EdgeplanError):
+    """The file exists but cannot be parsed as the model format its name or content claims."""
+
+
+class UnsupportedModelError(EdgeplanError):
+    """The model parses but uses something edgeplan cannot handle (format, several inputs, ...)."""
+
+
+class DynamicShapeError(EdgeplanError):
+    """A non-batch dimension is dynamic and no --input-shape gives it."""
+
+
+class ConversionError(EdgeplanError):
+    """The int8 TFLite conversion failed; the message names the ONNX op when the converter said which."""
+
+
+class CutError(EdgeplanError):
+    """A tensor cannot be used as a cut of a graph (it is not a single-tensor cut, or it is unknown)."""
+
+
+class CompilerError(EdgeplanError):
+    """The Edge TPU compiler (real or emulated) failed on a model."""
+
+
+class CalibrationError(EdgeplanError):
+    """The representative data for int8 calibration is missing or does not fit the model's input."""
+
+
+class ArtifactError(EdgeplanError):
+    """An artifact directory is missing a file a stage needs, or a file has an unknown schema."""

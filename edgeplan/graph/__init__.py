@@ -1,0 +1,1 @@
+"""Load, canonicalise and measure ONNX graphs. Nothing here writes a file (STYLE.md)."""

@@ -1,0 +1,261 @@
+"""Ingest: ONNX files, Keras ``.keras`` files and SavedModel directories to one canonical ONNX form.
+
+Canonical form (DESIGN.md): one input and one output, static shapes (a dynamic batch dimension
+becomes 1; any other dynamic dimension is an error unless ``input_shape`` gives it), shape-inferred,
+constants folded, identity-like nodes removed, nodes in topological order, NCHW image inputs.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Sequence
+
+import onnx
+from onnx import shape_inference
+
+from edgeplan.errors import (
+    CorruptModelError,
+    DynamicShapeError,
+    ModelNotFoundError,
+    UnsupportedModelError,
+)
+
+log = logging.getLogger(__name__)
+
+OPSET = 17
+_IDENTITY_LIKE = {"Identity", "Dropout"}
+
+
+def load_any(path: str | os.PathLike, input_shape: Sequence[int] | None = None) -> onnx.ModelProto:
+    """Read a model file of any supported format and return it canonicalised."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelNotFoundError(f"{path}: no such file or directory.")
+    if path.is_dir():
+        if not (path / "saved_model.pb").is_file():
+            raise UnsupportedModelError(
+                f"{path}: a directory, but not a TensorFlow SavedModel (no saved_model.pb). "
+                "Give an .onnx file, a .keras file or a SavedModel directory."
+            )
+        model = _from_saved_model(path, input_shape)
+    elif path.suffix == ".keras":
+        model = _from_keras(path, input_shape)
+    elif path.suffix in (".h5", ".hdf5", ".tflite", ".pb", ".pt", ".pth"):
+        raise UnsupportedModelError(
+            f"{path}: {path.suffix} files are not supported; give an .onnx file, a .keras file "
+            "or a SavedModel directory."
+        )
+    else:
+        model = _read_onnx(path)
+    return canonicalise(model, input_shape=input_shape, source=str(path))
+
+
+def _read_onnx(path: Path) -> onnx.ModelProto:
+    data = path.read_bytes()
+    if not data:
+        raise CorruptModelError(f"{path}: the file is empty; expected an ONNX model.")
+    try:
+        model = onnx.load_from_string(data)
+    except Exception as e:  # protobuf raises DecodeError, or RuntimeWarning-ish errors
+        raise CorruptModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e}).") from e
+    if not model.graph.node:
+        raise CorruptModelError(
+            f"{path}: parsed as protobuf but holds no ONNX graph nodes; is it really an ONNX model?"
+        )
+    return model
+
+
+def _keras_input_signature(shape, input_shape, dtype, name, source):
+    import tensorflow as tf
+
+    dims = list(shape)
+    if input_shape is not None:
+        # --input-shape is given in the canonical NCHW layout; Keras image models are NHWC.
+        given = list(input_shape)
+        if len(given) == 4 and len(dims) == 4:
+            given = [given[0], given[2], given[3], given[1]]
+        dims = given
+    dims = [None] + [d for d in dims[1:]]
+    for i, d in enumerate(dims[1:], start=1):
+        if d is None:
+            raise DynamicShapeError(
+                f"{source}: input {name!r} dimension {i} is dynamic; give it with --input-shape "
+                "(NCHW, for example 1,3,224,224)."
+            )
+    return (tf.TensorSpec(dims, dtype, name=name),)
+
+
+def _from_keras(path: Path, input_shape) -> onnx.ModelProto:
+    import keras
+    import tf2onnx
+
+    try:
+        km = keras.models.load_model(path, compile=False)
+    except Exception as e:
+        raise CorruptModelError(f"{path}: Keras could not load it ({type(e).__name__}: {e}).") from e
+    if len(km.inputs) != 1 or len(km.outputs) != 1:
+        raise UnsupportedModelError(
+            f"{path}: the model has {len(km.inputs)} inputs and {len(km.outputs)} outputs; "
+            "edgeplan handles single-input, single-output models."
+        )
+    name = "input"
+    sig = _keras_input_signature(km.inputs[0].shape, input_shape, km.inputs[0].dtype, name, path)
+    nchw = [name] if len(sig[0].shape) == 4 else None
+    try:
+        model, _ = tf2onnx.convert.from_keras(km, input_signature=sig, opset=OPSET, inputs_as_nchw=nchw)
+    except Exception as e:
+        raise UnsupportedModelError(f"{path}: tf2onnx could not convert it ({type(e).__name__}: {e}).") from e
+    return model
+
+
+def _from_saved_model(path: Path, input_shape) -> onnx.ModelProto:
+    import tensorflow as tf
+    import tf2onnx
+
+    try:
+        loaded = tf.saved_model.load(str(path))
+        fn = loaded.signatures["serving_default"]
+    except Exception as e:
+        raise CorruptModelError(
+            f"{path}: TensorFlow could not load a 'serving_default' signature ({type(e).__name__}: {e})."
+        ) from e
+    specs = [s for s in fn.structured_input_signature[1].values()]
+    if len(specs) != 1 or len(fn.structured_outputs) != 1:
+        raise UnsupportedModelError(
+            f"{path}: the serving signature has {len(specs)} inputs and {len(fn.structured_outputs)} "
+            "outputs; edgeplan handles single-input, single-output models."
+        )
+    arg = next(iter(fn.structured_input_signature[1]))
+    spec = specs[0]
+    sig = _keras_input_signature(spec.shape, input_shape, spec.dtype, "input", path)
+    nchw = [sig[0].name] if len(sig[0].shape) == 4 else None
+    output_key = next(iter(fn.structured_outputs))
+    wrapped = tf.function(lambda x: fn(**{arg: x})[output_key], input_signature=sig)
+    try:
+        model, _ = tf2onnx.convert.from_function(wrapped, input_signature=sig, opset=OPSET, inputs_as_nchw=nchw)
+    except Exception as e:
+        raise UnsupportedModelError(f"{path}: tf2onnx could not convert it ({type(e).__name__}: {e}).") from e
+    return model
+
+
+def _static_input(model: onnx.ModelProto, input_shape, source: str) -> None:
+    inp = model.graph.input[0]
+    dims = inp.type.tensor_type.shape.dim
+    if input_shape is not None:
+        if len(input_shape) != len(dims):
+            raise DynamicShapeError(
+                f"{source}: --input-shape has {len(input_shape)} dimensions, input {inp.name!r} has {len(dims)}."
+            )
+        for d, v in zip(dims, input_shape):
+            d.Clear()
+            d.dim_value = int(v)
+        return
+    for i, d in enumerate(dims):
+        if d.HasField("dim_value") and d.dim_value > 0:
+            continue
+        if i == 0:
+            d.Clear()
+            d.dim_value = 1
+            continue
+        label = d.dim_param or "?"
+        raise DynamicShapeError(
+            f"{source}: input {inp.name!r} dimension {i} is dynamic ({label}); give the full shape with "
+            "--input-shape (for example 1,3,224,224)."
+        )
+
+
+def _bypass_identities(model: onnx.ModelProto) -> None:
+    g = model.graph
+    outputs = {o.name for o in g.output}
+    keep = []
+    rename: dict[str, str] = {}
+    for n in g.node:
+        if n.op_type in _IDENTITY_LIKE and n.output[0] not in outputs:
+            src = n.input[0]
+            rename[n.output[0]] = rename.get(src, src)
+            continue
+        keep.append(n)
+    if not rename:
+        return
+    for n in keep:
+        for i, x in enumerate(n.input):
+            if x in rename:
+                n.input[i] = rename[x]
+    del g.node[:]
+    g.node.extend(keep)
+
+
+def _fold(model: onnx.ModelProto) -> onnx.ModelProto:
+    import onnx_graphsurgeon as gs
+
+    from onnx_graphsurgeon.logger import G_LOGGER
+
+    G_LOGGER.severity = G_LOGGER.ERROR
+    graph = gs.import_onnx(model)
+    graph.fold_constants(error_ok=True, size_threshold=None)
+    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    out = gs.export_onnx(graph)
+    out.ir_version = model.ir_version
+    return out
+
+
+def canonicalise(
+    model: onnx.ModelProto, *, input_shape: Sequence[int] | None = None, source: str = "<model>"
+) -> onnx.ModelProto:
+    """Return the canonical form of ``model`` (see module docstring). Raises on what it cannot fix."""
+    g = model.graph
+    # IR < 4 requires initializers to be graph inputs too; we drop those inputs, so lift the IR version.
+    # onnxruntime (used to fold constants and to verify) reads IR versions up to 13.
+    model.ir_version = min(max(model.ir_version, 8), 13)
+    inits = {t.name for t in g.initializer}
+    real_inputs = [i for i in g.input if i.name not in inits]
+    del g.input[:]
+    g.input.extend(real_inputs)
+    if len(real_inputs) != 1 or len(g.output) != 1:
+        raise UnsupportedModelError(
+            f"{source}: the model has {len(real_inputs)} inputs and {len(g.output)} outputs; "
+            "edgeplan handles single-input, single-output models."
+        )
+    _static_input(model, input_shape, source)
+    # Forget every inferred shape: they are recomputed from the now static input.
+    del g.value_info[:]
+    for o in g.output:
+        o.type.tensor_type.ClearField("shape")
+    try:
+        for _ in range(2):
+            model = shape_inference.infer_shapes(model, data_prop=True)
+            model = _fold(model)
+        _bypass_identities(model)
+        del model.graph.value_info[:]
+        model = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
+        raise UnsupportedModelError(f"{source}: shape inference failed ({e}).") from e
+    _check_static(model, source)
+    try:
+        onnx.checker.check_model(model, full_check=False)
+    except onnx.checker.ValidationError as e:
+        raise CorruptModelError(f"{source}: the canonical model does not pass the ONNX checker: {e}") from e
+    return model
+
+
+def _check_static(model: onnx.ModelProto, source: str) -> None:
+    g = model.graph
+    known = {vi.name: vi for vi in list(g.input) + list(g.value_info) + list(g.output)}
+    inits = {t.name for t in g.initializer}
+    for n in g.node:
+        for o in n.output:
+            if not o or o in inits:
+                continue
+            vi = known.get(o)
+            if vi is None or not vi.type.tensor_type.HasField("shape"):
+                raise DynamicShapeError(
+                    f"{source}: tensor {o!r} (output of {n.op_type} node {n.name!r}) has no static "
+                    "shape after inference; give --input-shape or simplify the model."
+                )
+            for d in vi.type.tensor_type.shape.dim:
+                if not d.HasField("dim_value") or d.dim_value <= 0:
+                    raise DynamicShapeError(
+                        f"{source}: tensor {o!r} (output of {n.op_type} node {n.name!r}) keeps a "
+                        f"dynamic dimension ({d.dim_param or '?'}); give --input-shape."
+                    )

@@ -1,0 +1,135 @@
+"""A read-only view of a canonical ONNX model: shapes, producers, consumers, parameters, MACs."""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from edgeplan.artifacts import ModelInfo, TensorSpec
+from edgeplan.errors import CutError
+from edgeplan.graph.costs import node_macs
+
+
+def _dims(t: onnx.TypeProto) -> tuple[int, ...]:
+    return tuple(int(d.dim_value) for d in t.tensor_type.shape.dim)
+
+
+def _dtype(t: onnx.TypeProto) -> str:
+    return str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.tensor_type.elem_type)))
+
+
+@dataclass(frozen=True)
+class GraphView:
+    """Index of a canonical (static-shape, shape-inferred, topologically sorted) model."""
+
+    model: onnx.ModelProto
+
+    @cached_property
+    def graph(self) -> onnx.GraphProto:
+        return self.model.graph
+
+    @cached_property
+    def initializers(self) -> dict[str, onnx.TensorProto]:
+        return {t.name: t for t in self.graph.initializer}
+
+    @cached_property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        out: dict[str, tuple[int, ...]] = {}
+        for vi in list(self.graph.input) + list(self.graph.value_info) + list(self.graph.output):
+            out[vi.name] = _dims(vi.type)
+        for name, t in self.initializers.items():
+            out[name] = tuple(int(d) for d in t.dims)
+        return out
+
+    @cached_property
+    def dtypes(self) -> dict[str, str]:
+        out = {}
+        for vi in list(self.graph.input) + list(self.graph.value_info) + list(self.graph.output):
+            out[vi.name] = _dtype(vi.type)
+        return out
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        try:
+            return self.shapes[name]
+        except KeyError:
+            raise CutError(f"tensor {name!r} has no inferred shape in the canonical model") from None
+
+    @cached_property
+    def producer(self) -> dict[str, int]:
+        return {o: i for i, n in enumerate(self.graph.node) for o in n.output if o}
+
+    @cached_property
+    def consumers(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for i, n in enumerate(self.graph.node):
+            for x in n.input:
+                if x and x not in self.initializers:
+                    out.setdefault(x, []).append(i)
+        return out
+
+    @cached_property
+    def input(self) -> onnx.ValueInfoProto:
+        return self.graph.input[0]
+
+    @cached_property
+    def output(self) -> onnx.ValueInfoProto:
+        return self.graph.output[0]
+
+    @cached_property
+    def node_macs(self) -> list[int]:
+        return [node_macs(n, self.shape) for n in self.graph.node]
+
+    @cached_property
+    def node_param_bytes(self) -> list[int]:
+        """int8 parameter bytes of each node: weights 1 byte per element, 1-D biases 4 (int32)."""
+        out = []
+        for n in self.graph.node:
+            b = 0
+            for i, x in enumerate(n.input):
+                t = self.initializers.get(x)
+                if t is None:
+                    continue
+                elems = math.prod(t.dims)
+                if elems <= 1 and n.op_type not in ("Conv", "Gemm", "MatMul"):
+                    continue  # scalars folded into element-wise ops
+                b += elems * (4 if (len(t.dims) == 1 and i == 2) else 1)
+            out.append(b)
+        return out
+
+    @cached_property
+    def ancestors(self) -> list[int]:
+        """Bitset per node: the node and every node it depends on."""
+        anc = [0] * len(self.graph.node)
+        for i, n in enumerate(self.graph.node):
+            a = 1 << i
+            for x in n.input:
+                p = self.producer.get(x)
+                if p is not None:
+                    a |= anc[p]
+            anc[i] = a
+        return anc
+
+    def info(self, name: str, version: str, source: str, sha256: str) -> ModelInfo:
+        params = [numpy_helper.to_array(t) for t in self.graph.initializer]
+        return ModelInfo(
+            name=name,
+            version=version,
+            sha256=sha256,
+            source=source,
+            opset=next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 0),
+            inputs=tuple(TensorSpec(v.name, _dims(v.type), _dtype(v.type)) for v in self.graph.input),
+            outputs=tuple(TensorSpec(v.name, _dims(v.type), _dtype(v.type)) for v in self.graph.output),
+            parameter_bytes=int(sum(p.nbytes for p in params)),
+            parameter_count=int(sum(p.size for p in params)),
+            macs=int(sum(self.node_macs)),
+            node_count=len(self.graph.node),
+        )
+
+
+def fingerprint(model: onnx.ModelProto) -> str:
+    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()

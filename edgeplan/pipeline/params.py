@@ -1,0 +1,51 @@
+"""``params.yaml``: every knob, with embedded defaults when there is no file."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+from edgeplan.errors import EdgeplanError
+
+DEFAULTS: dict = {
+    "models": [
+        {"name": "mobilenetv2", "version": "1", "source": "zoo:mobilenetv2_0.35_96"},
+    ],
+    "analysis": {"max_points": 8},
+    "quantize": {
+        "calibration": {"kind": "random", "low": -1.0, "high": 1.0, "samples": 64, "seed": 0},
+        "match_min_cosine": 0.9,
+        "timeout_s": 1800,
+    },
+    "compile": {"compiler": "auto", "onchip_bytes": 8 * 1024 * 1024, "allow_multiple_subgraphs": False},
+    "verify": {"samples": 4, "seed": 1000, "min_cosine": 0.9},
+}
+
+
+def _merge(base: dict, over: dict, where: str) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if k not in base:
+            raise EdgeplanError(f"{where}: unknown key {k!r} (known: {', '.join(base)})")
+        if isinstance(base[k], dict) and k != "calibration":
+            if not isinstance(v, dict):
+                raise EdgeplanError(f"{where}.{k}: expected a mapping")
+            out[k] = _merge(base[k], v, f"{where}.{k}")
+        else:
+            out[k] = v
+    return out
+
+
+def load(path: str | Path | None = None) -> dict:
+    """Defaults, overridden by ``path`` (or ``./params.yaml`` when it exists and no path is given)."""
+    if path is None:
+        path = Path("params.yaml") if Path("params.yaml").is_file() else None
+    if path is None:
+        return copy.deepcopy(DEFAULTS)
+    path = Path(path)
+    if not path.is_file():
+        raise EdgeplanError(f"{path}: params file not found")
+    data = yaml.safe_load(path.read_text()) or {}
+    known = {k: v for k, v in data.items() if k in DEFAULTS}
+    return _merge(DEFAULTS, known, str(path))

@@ -1,0 +1,234 @@
+"""The stages of ``edgeplan compile``, each reading and writing files of one artifact directory."""
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import onnx
+
+from edgeplan.artifacts import (
+    Analysis,
+    CompileReport,
+    DroppedPoint,
+    ModelInfo,
+    Point,
+    VerifyReport,
+    write_bytes_atomic,
+    write_json_atomic,
+)
+from edgeplan.errors import ArtifactError, EdgeplanError
+from edgeplan.graph.cuts import Candidate, choose_evenly, endpoints, single_tensor_cuts
+from edgeplan.graph.ingest import load_any
+from edgeplan.graph.model import GraphView, fingerprint
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+def _noop(stage: str, done: int, total: int) -> None:
+    pass
+
+
+def artifact_dir(root: Path, name: str, version: str) -> Path:
+    return Path(root) / name / str(version)
+
+
+# ---------------------------------------------------------------------------------------------- ingest
+def ingest(source: str | Path, name: str, version: str, out_root: Path,
+           input_shape: Sequence[int] | None = None) -> Path:
+    """``model.onnx`` + ``model.json`` under ``out_root/name/version`` from any supported model file."""
+    from edgeplan.zoo import resolve
+
+    out = artifact_dir(out_root, name, version)
+    src = str(source)
+    path = resolve(src, Path(out_root) / ".zoo")
+    model = load_any(path, input_shape=input_shape)
+    data = model.SerializeToString(deterministic=True)
+    out.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(out / "model.onnx", data)
+    sha = fingerprint(model)
+    GraphView(model).info(name, str(version), src, sha).save(out / "model.json")
+    return out
+
+
+# --------------------------------------------------------------------------------------------- analyze
+def candidates(model: onnx.ModelProto) -> tuple[GraphView, list[Candidate]]:
+    view = GraphView(model)
+    return view, single_tensor_cuts(view)
+
+
+def onnx_analysis(model: onnx.ModelProto, max_points: int | None) -> Analysis:
+    """The ONNX side of ``analysis.json``: every single-tensor cut, not yet matched to the int8 model."""
+    view, cands = candidates(model)
+    first, last = endpoints(view)
+    pts = [_point(i, c, None) for i, c in enumerate([first, *cands, last])]
+    note = "" if cands else "no single-tensor cut: only points 0 (all-CPU) and P (all-TPU)"
+    return Analysis(model_sha256=fingerprint(model), points=tuple(pts), max_points=max_points,
+                    complete=False, onnx_candidates=len(cands), note=note)
+
+
+def _point(index: int, c: Candidate, tflite_name: str | None, param_bytes: int | None = None) -> Point:
+    return Point(
+        index=index,
+        tensor=c.tensor,
+        tflite_tensor=tflite_name,
+        prefix_param_bytes=c.prefix_param_bytes if param_bytes is None else param_bytes,
+        prefix_macs=c.prefix_macs,
+        boundary_bytes=c.boundary_bytes,
+        shape=c.shape,
+        onnx_node=c.node_name or None,
+    )
+
+
+# ----------------------------------------------------------------------------------------------- build
+@dataclass(frozen=True)
+class BuildResult:
+    analysis: Analysis
+    reports: dict[int, CompileReport]
+    errors: dict[int, str]
+
+
+def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
+    """int8 conversion, matching, point choice, surgery, int8 cuts and Edge TPU compile at every point."""
+    from edgeplan.quantize import convert
+    from edgeplan.quantize.calibration import CalibrationSpec, calibration_data, sample_inputs
+    from edgeplan.quantize.match import match_candidates
+    from edgeplan.quantize.tflite_graph import TfliteGraph
+
+    model_path = root / "model.onnx"
+    if not model_path.is_file():
+        raise ArtifactError(f"{model_path}: missing; run `edgeplan ingest` (or `edgeplan compile`) first.")
+    model = onnx.load(str(model_path))
+    view, cands = candidates(model)
+    convert.check_convertible(model, str(model_path))
+    qp = params["quantize"]
+    spec = CalibrationSpec.from_params(qp["calibration"])
+    in_shape = view.shape(view.input.name)
+
+    progress("int8 conversion", 0, 1)
+    int8_path = root / "model_int8.tflite"
+    with tempfile.TemporaryDirectory(prefix="edgeplan-convert-") as tmp:
+        data = convert.to_int8_tflite(model_path, calibration_data(spec, in_shape), Path(tmp), qp["timeout_s"])
+    write_bytes_atomic(int8_path, data)
+    progress("int8 conversion", 1, 1)
+
+    tfl = TfliteGraph(data)
+    progress("matching", 0, 1)
+    xs = sample_inputs(spec, in_shape, 2, seed=spec.seed + 1)
+    matches = match_candidates(model, cands, tfl, xs, min_cosine=qp["match_min_cosine"]) if cands else []
+    progress("matching", 1, 1)
+    kept = [m for m in matches if m.tflite_index is not None]
+    dropped = [DroppedPoint(m.candidate.tensor, m.reason or "") for m in matches if m.tflite_index is None]
+    max_points = params["analysis"]["max_points"]
+    chosen = choose_evenly([m.candidate for m in kept], max_points, sum(view.node_param_bytes))
+    chosen_set = {c.tensor for c in chosen}
+    dropped += [DroppedPoint(m.candidate.tensor, f"not chosen: max_points={max_points}")
+                for m in kept if m.candidate.tensor not in chosen_set]
+    by_tensor = {m.candidate.tensor: m for m in kept}
+    first, last = endpoints(view)
+    in_name = tfl.tensors[tfl.inputs[0]].name
+    out_name = tfl.tensors[tfl.outputs[0]].name
+    points = [_point(0, first, in_name, 0)]
+    for c in chosen:
+        ix = by_tensor[c.tensor].tflite_index
+        points.append(_point(len(points), c, tfl.tensors[ix].name, tfl.prefix_param_bytes(ix)))
+    points.append(_point(len(points), last, out_name, tfl.param_bytes()))
+    note = "" if cands else "no single-tensor cut: only points 0 (all-CPU) and P (all-TPU)"
+    if cands and not kept:
+        note = "no single-tensor cut survived the int8 conversion: only points 0 and P"
+    analysis = Analysis(model_sha256=fingerprint(model), points=tuple(points), dropped=tuple(dropped),
+                        max_points=max_points, complete=True, onnx_candidates=len(cands), note=note)
+    analysis.save(root / "analysis.json")
+    return _segments(root, model, tfl, analysis, params, progress)
+
+
+def _segments(root, model, tfl, analysis: Analysis, params: dict, progress: Progress) -> BuildResult:
+    from edgeplan.quantize.cut import cut
+    from edgeplan.surgery import split
+
+    seg_root = root / "segments"
+    if seg_root.exists():
+        shutil.rmtree(seg_root)  # a new analysis renumbers points: stale segments must not survive
+    errors: dict[int, str] = {}
+    reports: dict[int, CompileReport] = {}
+    last = analysis.last
+    model_bytes = (root / "model.onnx").read_bytes()
+    int8_bytes = (root / "model_int8.tflite").read_bytes()
+    for p in analysis.points:
+        d = seg_root / f"p{p.index}"
+        d.mkdir(parents=True, exist_ok=True)
+        try:
+            if p.index == 0:
+                write_bytes_atomic(d / "suffix.onnx", model_bytes)
+                write_bytes_atomic(d / "suffix_int8.tflite", int8_bytes)
+            elif p.index == last:
+                write_bytes_atomic(d / "prefix.onnx", model_bytes)
+                write_bytes_atomic(d / "prefix_int8.tflite", int8_bytes)
+            else:
+                write_bytes_atomic(d / "prefix.onnx", split.prefix(model, p.tensor).SerializeToString())
+                write_bytes_atomic(d / "suffix.onnx", split.suffix(model, p.tensor).SerializeToString())
+                pre, suf = cut(tfl, tfl.by_name(p.tflite_tensor).index)
+                write_bytes_atomic(d / "prefix_int8.tflite", pre)
+                write_bytes_atomic(d / "suffix_int8.tflite", suf)
+            if p.index > 0:
+                reports[p.index] = compile_prefix(d, params["compile"])
+        except EdgeplanError as e:
+            errors[p.index] = str(e)
+        except Exception as e:  # keep every other point; say what broke here
+            errors[p.index] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+        if p.index in errors:
+            write_json_atomic(d / "error.json", {"point": p.index, "error": errors[p.index]})
+            log.error("point %d failed: %s", p.index, errors[p.index])
+        progress("segments", p.index + 1, len(analysis.points))
+    return BuildResult(analysis, reports, errors)
+
+
+def compile_prefix(d: Path, settings: dict) -> CompileReport:
+    """``prefix_edgetpu.tflite`` and ``compile.json`` for the prefix in ``d`` (real compiler when present)."""
+    from edgeplan.compile import edgetpu_compiler, emulated
+
+    choice = settings.get("compiler", "auto")
+    use_real = choice == "edgetpu_compiler" or (choice == "auto" and edgetpu_compiler.find())
+    if use_real:
+        (report, out), = edgetpu_compiler.compile_models(
+            [d / "prefix_int8.tflite"], d / "edgetpu", allow_multiple_subgraphs=settings["allow_multiple_subgraphs"])
+        write_bytes_atomic(d / "prefix_edgetpu.tflite", out.read_bytes())
+    else:
+        (report, data), = emulated.compile_models(
+            [("prefix_int8.tflite", (d / "prefix_int8.tflite").read_bytes())],
+            onchip_bytes=settings["onchip_bytes"],
+            allow_multiple_subgraphs=settings["allow_multiple_subgraphs"],
+        )
+        write_bytes_atomic(d / "prefix_edgetpu.tflite", data)
+    report.save(d / "compile.json")
+    return report
+
+
+# ---------------------------------------------------------------------------------------------- verify
+def verify(root: Path, params: dict, progress: Progress = _noop) -> VerifyReport:
+    from edgeplan.quantize.calibration import CalibrationSpec, sample_inputs
+    from edgeplan.verify.checks import verify as run_checks
+
+    analysis = Analysis.load(root / "analysis.json")
+    if not analysis.complete:
+        raise ArtifactError(f"{root / 'analysis.json'}: not completed by the build stage; run `edgeplan compile`.")
+    info = ModelInfo.load(root / "model.json")
+    spec = CalibrationSpec.from_params(params["quantize"]["calibration"])
+    vp = params["verify"]
+    xs = sample_inputs(spec, info.inputs[0].shape, vp["samples"], seed=vp["seed"])
+    done = [0]
+
+    def tick():
+        done[0] += 1
+        progress("verify", done[0], len(analysis.points))
+
+    report = run_checks(root, analysis, xs, vp["min_cosine"], tick)
+    report.save(root / "verify.json")
+    return report
+
+

@@ -1,0 +1,146 @@
+"""Find each ONNX candidate tensor in the int8 TFLite model (DESIGN.md ``tflite_tensor``).
+
+The converter renames tensors, moves NCHW to NHWC and fuses ops (a convolution, its batch norm and its
+activation become one CONV_2D), so names cannot be trusted. A candidate matches a TFLite tensor when
+  1. the shapes agree (NCHW (n,c,h,w) -> NHWC (n,h,w,c)),
+  2. the MACs of everything before it agree (fusion moves no MACs across a cut), and
+  3. on the same inputs its dequantized int8 values follow the float ONNX values (cosine similarity),
+taking the most similar one; the match must itself be a single-tensor cut of the int8 model. Rule 2
+separates tensors that only differ by a residual block; rule 3 separates a convolution's raw output
+(fused away) from its activation (kept). What does not match is dropped with the reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from edgeplan.graph.cuts import Candidate
+from edgeplan.quantize import litert
+from edgeplan.quantize.tflite_graph import TfliteGraph
+
+
+@dataclass(frozen=True)
+class Match:
+    candidate: Candidate
+    tflite_index: int | None
+    cosine: float
+    reason: str | None = None  # why it was dropped
+
+
+def _nhwc(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (shape[0], shape[2], shape[3], shape[1]) if len(shape) == 4 else tuple(shape)
+
+
+def onnx_values(model: onnx.ModelProto, tensors: list[str], xs: np.ndarray) -> dict[str, np.ndarray]:
+    """Float values of ``tensors`` for every sample of ``xs`` (stacked on axis 0)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    vis = {v.name: v for v in m.graph.value_info}
+    for t in tensors:
+        if t not in have:
+            m.graph.output.append(vis[t])
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    runs = [dict(zip(names, sess.run(None, {m.graph.input[0].name: x[None]}))) for x in xs]
+    return {t: np.concatenate([r[t] for r in runs]) for t in tensors}
+
+
+def tflite_values(model: bytes, xs: np.ndarray, indices: list[int]) -> dict[int, np.ndarray]:
+    """Dequantized values of the int8 model's tensors ``indices``, for every sample (NCHW float inputs)."""
+    it = litert.interpreter(model, deterministic=True, keep_all=True)
+    inp = it.get_input_details()[0]
+    wanted = set(indices)
+    details = {d["index"]: d for d in it.get_tensor_details() if d["index"] in wanted}
+    per: dict[int, list[np.ndarray]] = {}
+    for x in xs:
+        it.set_tensor(inp["index"], litert.quantize(litert.nchw_to_nhwc(x[None]), inp))
+        it.invoke()
+        for ix, d in details.items():
+            try:
+                v = it.get_tensor(ix)
+            except ValueError:
+                continue
+            if v is None or v.size == 0:
+                continue
+            per.setdefault(ix, []).append(litert.dequantize(v, d))
+    return {ix: np.concatenate(vs) for ix, vs in per.items() if len(vs) == len(xs)}
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a = a.ravel().astype(np.float64)
+    b = b.ravel().astype(np.float64)
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 or nb == 0:
+        return 1.0 if na == nb else 0.0
+    return float(a @ b / (na * nb))
+
+
+def match_candidates(
+    onnx_model: onnx.ModelProto,
+    candidates: list[Candidate],
+    tflite: TfliteGraph,
+    xs: np.ndarray,
+    *,
+    min_cosine: float = 0.9,
+    macs_rtol: float = 1e-3,
+) -> list[Match]:
+    float_vals = onnx_values(onnx_model, [c.tensor for c in candidates], xs)
+    produced = [t for t in tflite.tensors if t.index in tflite.producer and not t.constant]
+    int8_vals = tflite_values(tflite.data, xs, [t.index for t in produced])
+    prefix_macs = {t.index: tflite.prefix_macs(t.index) for t in produced}
+    matches: list[Match] = []
+    for c in candidates:
+        target = _nhwc(c.shape)
+        ref = litert.nchw_to_nhwc(float_vals[c.tensor]) if len(c.shape) == 4 else float_vals[c.tensor]
+        pool = [
+            t for t in produced
+            if t.shape == target
+            and abs(prefix_macs[t.index] - c.prefix_macs) <= macs_rtol * max(1, c.prefix_macs)
+            and t.index in int8_vals
+        ]
+        if not pool:
+            matches.append(Match(c, None, 0.0, f"fused away by the converter: no int8 tensor of shape "
+                                               f"{list(target)} after {c.prefix_macs} MACs"))
+            continue
+        scored = sorted(((_cosine(int8_vals[t.index], ref), t.index) for t in pool), reverse=True)
+        cos, ix = scored[0]
+        if cos < min_cosine:
+            matches.append(Match(c, None, cos, f"fused away by the converter: the closest int8 tensor "
+                                               f"({tflite.tensors[ix].name!r}) has cosine {cos:.3f} < {min_cosine}"))
+            continue
+        if not tflite.is_single_tensor_cut(ix):
+            matches.append(Match(c, None, cos, f"not a single-tensor cut of the int8 model (tensor "
+                                               f"{tflite.tensors[ix].name!r}: the converter joined ops across it)"))
+            continue
+        matches.append(Match(c, ix, cos))
+    return _resolve(matches, tflite)
+
+
+def _resolve(matches: list[Match], tflite: TfliteGraph) -> list[Match]:
+    """One ONNX candidate per TFLite tensor (the most similar), and matches in the same order on both sides."""
+    best: dict[int, Match] = {}
+    for m in matches:
+        if m.tflite_index is not None and (m.tflite_index not in best or m.cosine > best[m.tflite_index].cosine):
+            best[m.tflite_index] = m
+    out: list[Match] = []
+    last_size = -1
+    for m in matches:
+        if m.tflite_index is None:
+            out.append(m)
+            continue
+        winner = best[m.tflite_index]
+        if winner is not m:
+            out.append(Match(m.candidate, None, m.cosine,
+                             f"same int8 tensor as {winner.candidate.tensor!r} (identical after conversion)"))
+            continue
+        size = bin(tflite.prefix_ops(m.tflite_index)).count("1")
+        if size <= last_size:
+            out.append(Match(m.candidate, None, m.cosine, "out of order in the int8 model"))
+            continue
+        last_size = size
+        out.append(m)
+    return out

@@ -1,0 +1,1 @@
+"""Graph surgery with onnx-graphsurgeon: builds the sub-graphs (prefix, suffix) that define segments."""

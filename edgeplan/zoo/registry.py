@@ -1,0 +1,39 @@
+"""The table of zoo models: name -> (builder, description)."""
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+from edgeplan.errors import ModelNotFoundError
+from edgeplan.zoo import keras_apps, light, tiny
+
+_TABLE: dict[str, tuple[Callable[[Path], Path], str]] = {
+    "mobilenetv2_0.35_96": (partial(keras_apps.build, "MobileNetV2", 96, alpha=0.35), "Keras MobileNetV2 alpha 0.35, 96x96"),
+    "mobilenetv2_224": (partial(keras_apps.build, "MobileNetV2", 224), "Keras MobileNetV2, 224x224"),
+    "resnet50v2_224": (partial(keras_apps.build, "ResNet50V2", 224), "Keras ResNet50V2, 224x224"),
+    "inceptionv3_299": (partial(keras_apps.build, "InceptionV3", 299), "Keras InceptionV3, 299x299"),
+    "densenet201_224": (partial(keras_apps.build, "DenseNet201", 224), "Keras DenseNet201, 224x224"),
+    "xception_299": (partial(keras_apps.build, "Xception", 299), "Keras Xception, 299x299"),
+    "efficientnetb0_224": (partial(keras_apps.build, "EfficientNetB0", 224), "Keras EfficientNetB0, 224x224"),
+    "light_squeezenet": (partial(light.build, "squeezenet"), "onnx model zoo SqueezeNet 1.0, re-weighted"),
+    "light_resnet50": (partial(light.build, "resnet50"), "onnx model zoo ResNet50 v1, re-weighted"),
+    "light_densenet121": (partial(light.build, "densenet121"), "onnx model zoo DenseNet121, re-weighted"),
+    "light_inception_v1": (partial(light.build, "inception_v1"), "onnx model zoo GoogLeNet (LRN), re-weighted"),
+    "tiny_cnn": (partial(tiny.build, lrn=False), "8-layer residual CNN, 3x32x32, built node by node"),
+    "tiny_cnn_lrn": (partial(tiny.build, lrn=True), "tiny_cnn with an LRN (no int8 kernel, no Edge TPU op)"),
+}
+
+NAMES = tuple(_TABLE)
+
+
+def describe(name: str) -> str:
+    return _TABLE[name][1]
+
+
+def build(name: str, workdir: Path) -> Path:
+    """Build zoo model ``name`` into ``workdir`` (once; a second call reuses the file)."""
+    if name not in _TABLE:
+        raise ModelNotFoundError(f"zoo:{name}: no such zoo model; known: {', '.join(NAMES)}")
+    workdir.mkdir(parents=True, exist_ok=True)
+    return _TABLE[name][0](workdir / name)

@@ -1,0 +1,139 @@
+"""Ingest: formats, canonical form, and a clear error for each kind of bad input."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from edgeplan.errors import CorruptModelError, DynamicShapeError, ModelNotFoundError, UnsupportedModelError
+from edgeplan.graph.ingest import canonicalise, load_any
+from edgeplan.graph.model import GraphView
+from edgeplan.pipeline import stages
+from edgeplan.zoo import tiny
+
+
+def _conv_model(batch="N", height=32):
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 3, 3, 3], np.ones(108, np.float32))
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, height, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_missing_file_names_the_path(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="nope.onnx"):
+        load_any(tmp_path / "nope.onnx")
+
+
+def test_corrupt_onnx_names_the_file(tmp_path):
+    good = tiny.model().SerializeToString()
+    bad = tmp_path / "truncated.onnx"
+    bad.write_bytes(good[: len(good) // 3])
+    with pytest.raises(CorruptModelError, match="truncated.onnx"):
+        load_any(bad)
+
+
+def test_a_file_that_is_no_model(tmp_path):
+    f = tmp_path / "notes.onnx"
+    f.write_text("these are my notes, not a model\n" * 20)
+    with pytest.raises(CorruptModelError, match="notes.onnx"):
+        load_any(f)
+    empty = tmp_path / "empty.onnx"
+    empty.write_bytes(b"")
+    with pytest.raises(CorruptModelError, match="empty"):
+        load_any(empty)
+
+
+def test_unsupported_format(tmp_path):
+    f = tmp_path / "model.tflite"
+    f.write_bytes(b"\0" * 64)
+    with pytest.raises(UnsupportedModelError, match=r"\.tflite"):
+        load_any(f)
+
+
+def test_dynamic_batch_becomes_one():
+    m = canonicalise(_conv_model(batch="N"))
+    assert GraphView(m).shape("x") == (1, 3, 32, 32)
+    assert GraphView(m).shape("y") == (1, 4, 32, 32)
+
+
+def test_dynamic_spatial_dimension_needs_input_shape(tmp_path):
+    path = tmp_path / "dyn.onnx"
+    onnx.save(_conv_model(batch="N", height="H"), str(path))
+    with pytest.raises(DynamicShapeError, match=r"dimension 2 is dynamic \(H\).*--input-shape"):
+        load_any(path)
+    m = load_any(path, input_shape=(1, 3, 40, 32))
+    assert GraphView(m).shape("y") == (1, 4, 40, 32)
+
+
+def test_several_outputs_are_refused():
+    m = tiny.model()
+    m.graph.output.append(helper.make_tensor_value_info("relu1.out", TensorProto.FLOAT, None))
+    with pytest.raises(UnsupportedModelError, match="2 outputs"):
+        canonicalise(m)
+
+
+def test_canonical_form_folds_constants_and_keeps_the_function():
+    # Reshape whose shape comes from a Shape->Gather->Concat chain: folded away once shapes are static.
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4, 4])
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Concat", ["n", "minus1"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["flat"]),
+        helper.make_node("Identity", ["flat"], ["flat2"]),
+        helper.make_node("Relu", ["flat2"], ["y"]),
+    ]
+    inits = [helper.make_tensor("zero", TensorProto.INT64, [1], [0]),
+             helper.make_tensor("minus1", TensorProto.INT64, [1], [-1])]
+    g = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    before = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    after = canonicalise(before)
+    assert [n.op_type for n in after.graph.node] == ["Reshape", "Relu"]
+    assert GraphView(after).shape("y") == (1, 48)
+    data = np.random.default_rng(0).normal(size=(1, 3, 4, 4)).astype(np.float32)
+    ref = ort.InferenceSession(before.SerializeToString()).run(None, {"x": data})[0]
+    got = ort.InferenceSession(after.SerializeToString()).run(None, {"x": data})[0]
+    np.testing.assert_array_equal(ref, got)
+
+
+def test_model_json(tmp_path):
+    src = tmp_path / "tiny.onnx"
+    onnx.save(tiny.model(), str(src))
+    d = stages.ingest(src, "tiny", "3", tmp_path / "art")
+    info = json.loads((d / "model.json").read_text())
+    assert d == tmp_path / "art" / "tiny" / "3"
+    assert info["inputs"] == [{"name": "input", "shape": [1, 3, 32, 32], "dtype": "float32"}]
+    assert info["outputs"][0]["shape"] == [1, 10]
+    assert info["opset"] == 17 and info["node_count"] == 15 and len(info["sha256"]) == 64
+    # conv1 3->16 k3 at 32x32, conv2 16->32 s2, conv3/conv4 32->32 at 16x16, conv5 32->64 at 8x8, fc 64->10
+    expected = 32 * 32 * 16 * 27 + 16 * 16 * 32 * 144 + 2 * 16 * 16 * 32 * 288 + 8 * 8 * 64 * 288 + 640
+    assert info["macs"] == expected
+    params = 16 * 27 + 16 + 32 * 144 + 32 + 2 * (32 * 288 + 32) + 64 * 288 + 64 + 640 + 10
+    assert info["parameter_count"] == params and info["parameter_bytes"] == 4 * params
+
+
+@pytest.mark.slow
+def test_keras_file_and_saved_model(tmp_path):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((16, 16, 3))
+    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(inp)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    km = keras.Model(inp, keras.layers.Dense(5)(h))
+    km.save(tmp_path / "m.keras")
+    km.export(tmp_path / "saved")
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 16, 16, 3)).astype(np.float32)
+    ref = km(x).numpy()
+    for path in (tmp_path / "m.keras", tmp_path / "saved"):
+        m = load_any(path)
+        view = GraphView(m)
+        assert view.shape(view.input.name) == (1, 3, 16, 16), path  # NCHW after ingest
+        sess = ort.InferenceSession(m.SerializeToString())
+        got = sess.run(None, {view.input.name: x.transpose(0, 3, 1, 2)})[0]
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
