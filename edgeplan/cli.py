@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         params = params_mod.load(args.params)
         return args.func(args, params)
     except EdgeplanError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         return 2
 
 

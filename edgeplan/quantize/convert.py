@@ -71,7 +71,8 @@ def _explain_failure(onnx_path: Path, output: str) -> str:
         except Exception:
             op = "?"
         where = f" at op {op!r} (node {name!r})"
-    lines = [ln for ln in clean.strip().splitlines() if ln.strip()]
+    noise = ("I0000", "W0000", "E0000", "WARNING: All log messages")
+    lines = [ln for ln in clean.strip().splitlines() if ln.strip() and not ln.startswith(noise)]
     last = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), lines[-1] if lines else "")
     return f"{onnx_path}: the TFLite conversion failed{where}: {last.strip()}"
 
@@ -81,6 +82,7 @@ def to_int8_tflite(onnx_path: Path, calibration: np.ndarray, workdir: Path, time
     import tensorflow as tf
 
     workdir.mkdir(parents=True, exist_ok=True)
+    onnx_path = Path(onnx_path).resolve()  # onnx2tf runs in workdir
     _onnx2tf(onnx_path, workdir, timeout)
     data = calibration.transpose(0, 2, 3, 1) if calibration.ndim == 4 else calibration
 

@@ -1,0 +1,51 @@
+"""Matching ONNX candidates to the int8 model: fused tensors are dropped with a reason, the rest match."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+
+from edgeplan.quantize import litert
+from edgeplan.quantize.tflite_graph import TfliteGraph
+
+
+def test_tiny_cnn_matches(compiled):
+    d, result, _ = compiled("tiny_cnn")
+    a = json.loads((d / "analysis.json").read_text())
+    dropped = {x["tensor"]: x["reason"] for x in a["dropped"]}
+    kept = [p["tensor"] for p in a["points"]]
+    # Conv outputs before their ReLU are fused into CONV_2D; the post-activation tensors survive.
+    assert kept == ["input", "relu1.out", "relu2.out", "relu4.out", "pool.out", "relu5.out", "gap.out", "logits"]
+    for t in ("conv1.out", "conv2.out", "add.out", "conv5.out"):
+        assert dropped[t].startswith("fused away by the converter")
+    assert [p["index"] for p in a["points"]] == list(range(len(kept)))
+    assert a["complete"] and a["onnx_candidates"] == 11
+
+
+def test_matched_tensors_carry_the_same_values(compiled):
+    """The int8 value of every matched tensor follows the float ONNX value (NCHW -> NHWC)."""
+    d, result, _ = compiled("light_squeezenet")
+    model = onnx.load(str(d / "model.onnx"))
+    g = TfliteGraph((d / "model_int8.tflite").read_bytes())
+    from edgeplan.quantize.match import onnx_values, tflite_values
+
+    x = np.random.default_rng(3).uniform(-1, 1, (1, 3, 224, 224)).astype(np.float32)
+    interior = result.analysis.points[1:-1]
+    fvals = onnx_values(model, [p.tensor for p in interior], x)
+    ivals = tflite_values(g.data, x, [g.by_name(p.tflite_tensor).index for p in interior])
+    for p in interior:
+        f = litert.nchw_to_nhwc(fvals[p.tensor]).ravel()
+        q = ivals[g.by_name(p.tflite_tensor).index].ravel()
+        assert float(f @ q / np.linalg.norm(f) / np.linalg.norm(q)) > 0.99, p.tensor
+        assert g.tensors[g.by_name(p.tflite_tensor).index].shape == tuple(p.shape[i] for i in (0, 2, 3, 1))
+
+
+def test_points_are_chosen_evenly_by_parameter_bytes(compiled):
+    d, result, _ = compiled("light_squeezenet")
+    a = result.analysis
+    assert a.max_points == 8 and len(a.points) == 10
+    sizes = [p.prefix_param_bytes for p in a.points]
+    assert sizes == sorted(sizes) and sizes[0] == 0
+    assert sizes[-1] == TfliteGraph((d / "model_int8.tflite").read_bytes()).param_bytes()
+    assert any(x["reason"].startswith("not chosen: max_points=8") for x in json.loads((d / "analysis.json").read_text())["dropped"])

@@ -1,0 +1,66 @@
+"""The command line: help, the whole compile, analyze --json, exit codes and error messages."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+
+from edgeplan.cli import main
+from edgeplan.zoo import tiny
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _edgeplan(*args, cwd):
+    env = dict(os.environ, COLUMNS="160")
+    return subprocess.run([sys.executable, "-m", "edgeplan.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_help_explains_every_command():
+    out = subprocess.run([sys.executable, "-m", "edgeplan.cli", "--help"], capture_output=True, text=True).stdout
+    for cmd in ("compile", "analyze", "verify", "ingest", "build", "zoo"):
+        assert cmd in out
+    out = subprocess.run([sys.executable, "-m", "edgeplan.cli", "compile", "--help"], capture_output=True, text=True).stdout
+    assert "--input-shape" in out and "--out" in out and "zoo:NAME" in out
+
+
+def test_compile_writes_the_tree_and_prints_the_verify_table(tmp_path):
+    onnx.save(tiny.model(lrn=True), str(tmp_path / "m.onnx"))
+    proc = _edgeplan("compile", "m.onnx", "--name", "tiny", "--version", "2", "--out", "out", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "EMULATED Edge TPU compiler" in proc.stdout
+    assert "verify passed" in proc.stdout and "100.00%" in proc.stdout
+    assert "LOCAL_RESPONSE_NORMALIZATION" not in proc.stdout or "DEQUANTIZE" in proc.stdout
+    root = tmp_path / "out" / "tiny" / "2"
+    for f in ("model.onnx", "model.json", "model_int8.tflite", "analysis.json", "verify.json"):
+        assert (root / f).is_file(), f
+    # verify alone re-runs the checks; a tampered int8 model fails with exit status 1
+    assert _edgeplan("verify", str(root), cwd=tmp_path).returncode == 0
+    data = bytearray((root / "segments" / "p2" / "suffix_int8.tflite").read_bytes())
+    (root / "segments" / "p2" / "suffix_int8.tflite").write_bytes(bytes(data[: len(data) // 2]))
+    proc = _edgeplan("verify", str(root), cwd=tmp_path)
+    assert proc.returncode == 1 and "verify FAILED" in proc.stdout
+
+
+def test_analyze_lists_onnx_candidates(tmp_path):
+    out = tmp_path / "a.json"
+    assert main(["analyze", "zoo:tiny_cnn", "--out", str(tmp_path), "--json", str(out)]) == 0
+    a = json.loads(out.read_text())
+    assert a["complete"] is False and a["onnx_candidates"] == 11
+    assert a["points"][0]["tensor"] == "input" and a["points"][-1]["tensor"] == "logits"
+    assert all(p["tflite_tensor"] is None for p in a["points"])
+
+
+def test_bad_input_exits_2_with_a_message(tmp_path, capsys):
+    assert main(["compile", str(tmp_path / "missing.onnx"), "--name", "x", "--version", "1", "--out", str(tmp_path)]) == 2
+    assert "missing.onnx: no such file" in capsys.readouterr().err
+    (tmp_path / "junk.onnx").write_text("not a model at all\n" * 10)
+    assert main(["ingest", str(tmp_path / "junk.onnx"), "--name", "x", "--version", "1", "--out", str(tmp_path)]) == 2
+    assert "junk.onnx" in capsys.readouterr().err
+    assert main(["compile", "zoo:nope", "--name", "x", "--version", "1", "--out", str(tmp_path)]) == 2
+    assert "no such zoo model" in capsys.readouterr().err

@@ -1,0 +1,78 @@
+"""The model stages on bad input: clear errors that name the op or tensor, nothing produced is lost."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgeplan.errors import ArtifactError, ConversionError
+from edgeplan.pipeline import stages
+from edgeplan.quantize import cut as cut_module
+
+
+def _save(model, path):
+    onnx.save(model, str(path))
+    return path
+
+
+def test_an_op_with_no_tflite_conversion_names_the_op(tmp_path, params):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 1])
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("DFT", ["r"], ["y"], name="spectrum", onesided=0)]
+    g = helper.make_graph(nodes, "dft", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "dft.onnx")
+    d = stages.ingest(path, "dft", "1", tmp_path / "art")
+    with pytest.raises(ConversionError, match=r"op 'DFT' \(node 'spectrum'"):
+        stages.build(d, params)
+    # what ingest produced is still there, untouched
+    assert (d / "model.onnx").is_file() and json.loads((d / "model.json").read_text())["name"] == "dft"
+
+
+def test_model_without_single_tensor_cut_keeps_points_0_and_P(tmp_path, params):
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32), "w2")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], name="a", pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x", "w2"], ["b"], name="b", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["a", "b"], ["y"], name="join")]
+    g = helper.make_graph(nodes, "twin", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w1, w2])
+    path = _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "twin.onnx")
+    d = stages.ingest(path, "twin", "1", tmp_path / "art")
+    result = stages.build(d, params)
+    assert [p.index for p in result.analysis.points] == [0, 1]
+    assert "no single-tensor cut" in result.analysis.note
+    report = stages.verify(d, params)
+    assert report.ok, report
+
+
+def test_a_failure_at_one_point_keeps_every_other_point(tmp_path, params, monkeypatch):
+    d = stages.ingest("zoo:tiny_cnn", "tiny", "1", tmp_path / "art")
+    real_cut = cut_module.cut
+    calls = []
+
+    def failing_third(graph, tensor):  # fault injection: the third interior cut breaks
+        calls.append(tensor)
+        if len(calls) == 3:
+            raise RuntimeError("disk full while writing the cut")
+        return real_cut(graph, tensor)
+
+    monkeypatch.setattr(cut_module, "cut", failing_third)
+    result = stages.build(d, params)
+    assert list(result.errors) == [3] and "disk full" in result.errors[3]
+    err = json.loads((d / "segments" / "p3" / "error.json").read_text())
+    assert err["point"] == 3 and "disk full" in err["error"]
+    for k in (1, 2, 4, 5):
+        assert (d / "segments" / f"p{k}" / "prefix_edgetpu.tflite").is_file()
+    report = stages.verify(d, params)
+    assert [c.point for c in report.points if not c.ok] == [3] and not report.ok
+
+
+def test_build_needs_an_ingested_model(tmp_path, params):
+    with pytest.raises(ArtifactError, match="model.onnx: missing"):
+        stages.build(tmp_path, params)
+    with pytest.raises(ArtifactError, match="analysis.json: missing"):
+        stages.verify(tmp_path, params)
