@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 
 from edgeplan.graph.cuts import Candidate
+from edgeplan.graph.evaluate import cosine, tensor_values
 from edgeplan.quantize import litert
 from edgeplan.quantize.tflite_graph import TfliteGraph
 
@@ -36,17 +36,7 @@ def _nhwc(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def onnx_values(model: onnx.ModelProto, tensors: list[str], xs: np.ndarray) -> dict[str, np.ndarray]:
     """Float values of ``tensors`` for every sample of ``xs`` (stacked on axis 0)."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    have = {o.name for o in m.graph.output}
-    vis = {v.name: v for v in m.graph.value_info}
-    for t in tensors:
-        if t not in have:
-            m.graph.output.append(vis[t])
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    runs = [dict(zip(names, sess.run(None, {m.graph.input[0].name: x[None]}))) for x in xs]
-    return {t: np.concatenate([r[t] for r in runs]) for t in tensors}
+    return tensor_values(model, tensors, xs)
 
 
 def tflite_values(model: bytes, xs: np.ndarray, indices: list[int]) -> dict[int, np.ndarray]:
@@ -68,15 +58,6 @@ def tflite_values(model: bytes, xs: np.ndarray, indices: list[int]) -> dict[int,
                 continue
             per.setdefault(ix, []).append(litert.dequantize(v, d))
     return {ix: np.concatenate(vs) for ix, vs in per.items() if len(vs) == len(xs)}
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a = a.ravel().astype(np.float64)
-    b = b.ravel().astype(np.float64)
-    na, nb = np.linalg.norm(a), np.linalg.norm(b)
-    if na == 0 or nb == 0:
-        return 1.0 if na == nb else 0.0
-    return float(a @ b / (na * nb))
 
 
 def match_candidates(
@@ -106,7 +87,7 @@ def match_candidates(
             matches.append(Match(c, None, 0.0, f"fused away by the converter: no int8 tensor of shape "
                                                f"{list(target)} after {c.prefix_macs} MACs"))
             continue
-        scored = sorted(((_cosine(int8_vals[t.index], ref), t.index) for t in pool), reverse=True)
+        scored = sorted(((cosine(int8_vals[t.index], ref), t.index) for t in pool), reverse=True)
         cos, ix = scored[0]
         if cos < min_cosine:
             matches.append(Match(c, None, cos, f"fused away by the converter: the closest int8 tensor "

@@ -16,15 +16,20 @@ def _export(graph: gs.Graph, like: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def prefix(model: onnx.ModelProto, tensor: str) -> onnx.ModelProto:
-    """Every node ``tensor`` depends on; the model's input in, ``tensor`` out."""
+def _import(model: onnx.ModelProto, tensor: str, side: str) -> tuple[gs.Graph, gs.Variable]:
     graph = gs.import_onnx(model)
     tensors = graph.tensors()
     if tensor not in tensors:
-        raise CutError(f"prefix: tensor {tensor!r} is not in the model")
+        raise CutError(f"{side}: tensor {tensor!r} is not in the model")
     t = tensors[tensor]
     if t.dtype is None or t.shape is None:
-        raise CutError(f"prefix: tensor {tensor!r} has no inferred dtype/shape")
+        raise CutError(f"{side}: tensor {tensor!r} has no inferred dtype/shape")
+    return graph, t
+
+
+def prefix(model: onnx.ModelProto, tensor: str) -> onnx.ModelProto:
+    """Every node ``tensor`` depends on; the model's input in, ``tensor`` out."""
+    graph, t = _import(model, tensor, "prefix")
     graph.outputs = [t]
     graph.name = f"{graph.name}_prefix"
     return _export(graph, model)
@@ -32,11 +37,7 @@ def prefix(model: onnx.ModelProto, tensor: str) -> onnx.ModelProto:
 
 def suffix(model: onnx.ModelProto, tensor: str) -> onnx.ModelProto:
     """Every node after ``tensor``; ``tensor`` in, the model's output out."""
-    graph = gs.import_onnx(model)
-    tensors = graph.tensors()
-    if tensor not in tensors:
-        raise CutError(f"suffix: tensor {tensor!r} is not in the model")
-    t = tensors[tensor]
+    graph, t = _import(model, tensor, "suffix")
     t.inputs.clear()  # detach the producer so cleanup drops everything before the cut
     graph.inputs = [t]
     graph.name = f"{graph.name}_suffix"

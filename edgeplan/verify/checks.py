@@ -16,6 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgeplan.artifacts import Analysis, PointCheck, VerifyReport
+from edgeplan.graph.evaluate import cosine
 from edgeplan.quantize import litert
 
 FLOAT_RTOL = 1e-4
@@ -49,15 +50,6 @@ def _onnx_run(path: Path, xs: np.ndarray) -> np.ndarray:
 def _tflite_run(path: Path, qs: list[np.ndarray]) -> list[np.ndarray]:
     it = litert.interpreter(path.read_bytes(), deterministic=True)
     return [litert.run(it, q) for q in qs]
-
-
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a = a.ravel().astype(np.float64)
-    b = b.ravel().astype(np.float64)
-    na, nb = np.linalg.norm(a), np.linalg.norm(b)
-    if na == 0 or nb == 0:
-        return 1.0 if na == nb else 0.0
-    return float(a @ b / (na * nb))
 
 
 def input_dependence(ys: np.ndarray) -> float:
@@ -116,7 +108,7 @@ def _check_point(k, seg: Segments, xs, qs, whole, ref_int8, out_detail, toleranc
     identical = same / total if total else 0.0
     # int8 against float: the worst sample
     deq = [litert.nhwc_to_nchw(litert.dequantize(a, out_detail)) for a in yq]
-    cos = min(_cosine(d, w) for d, w in zip(deq, whole))
+    cos = min(cosine(d, w) for d, w in zip(deq, whole))
     return PointCheck(
         point=k,
         float_max_abs_diff=diff,

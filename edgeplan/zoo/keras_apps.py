@@ -12,6 +12,7 @@ def build(arch: str, size: int, out: Path, alpha: float | None = None, seed: int
         return path
     import keras
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     keras.utils.set_random_seed(seed)
     kwargs = {"alpha": alpha} if alpha is not None else {}
     ctor = getattr(keras.applications, arch)

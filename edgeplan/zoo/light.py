@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import numpy_helper
 
+from edgeplan.graph.evaluate import tensor_values
 from edgeplan.graph.ingest import canonicalise
 
 
@@ -79,17 +79,8 @@ def reweight(model: onnx.ModelProto, seed: int, calibration_rounds: int = 3, sam
 
 
 def _bn_input_stats(model: onnx.ModelProto, tensors: list[str], xs: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    vis = {v.name: v for v in m.graph.value_info}
-    for t in tensors:
-        m.graph.output.append(vis[t])
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    runs = [dict(zip(names, sess.run(None, {m.graph.input[0].name: x[None]}))) for x in xs]
     out = {}
-    for t in tensors:
-        v = np.concatenate([r[t] for r in runs])  # (N, C, H, W)
+    for t, v in tensor_values(model, tensors, xs).items():  # v: (N, C, H, W)
         axes = (0, 2, 3) if v.ndim == 4 else (0,)
         out[t] = (v.mean(axis=axes), v.var(axis=axes) + 1e-5)
     return out
