@@ -76,3 +76,14 @@ def test_build_needs_an_ingested_model(tmp_path, params):
         stages.build(tmp_path, params)
     with pytest.raises(ArtifactError, match="analysis.json: missing"):
         stages.verify(tmp_path, params)
+
+
+def test_verify_refuses_segments_of_another_model(compiled, params, tmp_path):
+    import shutil
+
+    src, _, _ = compiled("tiny_cnn")
+    d = tmp_path / "stale" / "1"
+    shutil.copytree(src, d)
+    stages.ingest("zoo:tiny_cnn_lrn", "stale", "1", tmp_path)  # a new model.onnx, old segments
+    with pytest.raises(ArtifactError, match="made for another model.onnx"):
+        stages.verify(d, params)

@@ -218,6 +218,11 @@ def verify(root: Path, params: dict, progress: Progress = _noop) -> VerifyReport
     if not analysis.complete:
         raise ArtifactError(f"{root / 'analysis.json'}: not completed by the build stage; run `edgeplan compile`.")
     info = ModelInfo.load(root / "model.json")
+    if info.sha256 != analysis.model_sha256:
+        raise ArtifactError(
+            f"{root / 'analysis.json'}: made for another model.onnx (sha256 {analysis.model_sha256[:12]}..., "
+            f"model.json says {info.sha256[:12]}...); run `edgeplan build {root}` again."
+        )
     spec = CalibrationSpec.from_params(params["quantize"]["calibration"])
     vp = params["verify"]
     xs = sample_inputs(spec, info.inputs[0].shape, vp["samples"], seed=vp["seed"])
