@@ -41,7 +41,7 @@ def _drop_softmax(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def reweight(model: onnx.ModelProto, seed: int, calibration_rounds: int = 3, samples: int = 4) -> onnx.ModelProto:
+def reweight(model: onnx.ModelProto, seed: int, samples: int = 4) -> onnx.ModelProto:
     """He-normal convolution and dense weights, zero biases, batch-norm statistics from random inputs."""
     rng = np.random.default_rng(seed)
     g = model.graph
@@ -67,20 +67,17 @@ def reweight(model: onnx.ModelProto, seed: int, calibration_rounds: int = 3, sam
             put(n.input[3], np.zeros(c))
             put(n.input[4], np.ones(c))
             bns.append(n)
-    if bns:
-        xs = rng.uniform(-1.0, 1.0, (samples, *[d.dim_value for d in g.input[0].type.tensor_type.shape.dim][1:]))
-        for _ in range(calibration_rounds):
-            stats = _bn_input_stats(model, [n.input[0] for n in bns], xs.astype(np.float32))
-            for n in bns:
-                mean, var = stats[n.input[0]]
-                put(n.input[3], mean)
-                put(n.input[4], var)
+    # Batch-norm statistics in topological order, each measured with every earlier one already set, so
+    # every layer sees normalised inputs (what training would have given it).
+    xs = rng.uniform(-1.0, 1.0, (samples, *[d.dim_value for d in g.input[0].type.tensor_type.shape.dim][1:]))
+    for n in bns:
+        mean, var = _bn_input_stats(model, n.input[0], xs.astype(np.float32))
+        put(n.input[3], mean)
+        put(n.input[4], var)
     return model
 
 
-def _bn_input_stats(model: onnx.ModelProto, tensors: list[str], xs: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    out = {}
-    for t, v in tensor_values(model, tensors, xs).items():  # v: (N, C, H, W)
-        axes = (0, 2, 3) if v.ndim == 4 else (0,)
-        out[t] = (v.mean(axis=axes), v.var(axis=axes) + 1e-5)
-    return out
+def _bn_input_stats(model: onnx.ModelProto, tensor: str, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    v = tensor_values(model, [tensor], xs)[tensor].astype(np.float64)  # (N, C, H, W)
+    axes = (0, 2, 3) if v.ndim == 4 else (0,)
+    return v.mean(axis=axes), v.var(axis=axes) + 1e-5
