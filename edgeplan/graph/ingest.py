@@ -165,6 +165,14 @@ def _static_input(model: onnx.ModelProto, input_shape, source: str) -> None:
         )
 
 
+def _two_input_sum_to_add(model: onnx.ModelProto) -> None:
+    """Sum of two tensors is Add: Add has an int8 TFLite kernel and maps to the Edge TPU, while Sum
+    converts to ADD_N, which has neither and would open a float island (ResNet50 of the onnx zoo)."""
+    for n in model.graph.node:
+        if n.op_type == "Sum" and len(n.input) == 2:
+            n.op_type = "Add"
+
+
 def _bypass_identities(model: onnx.ModelProto) -> None:
     g = model.graph
     outputs = {o.name for o in g.output}
@@ -184,6 +192,44 @@ def _bypass_identities(model: onnx.ModelProto) -> None:
                 n.input[i] = rename[x]
     del g.node[:]
     g.node.extend(keep)
+
+
+def _explicit_pool_padding(model: onnx.ModelProto) -> None:
+    """MaxPool padding after a ReLU becomes an explicit zero Pad (exactly equivalent: the input is >= 0).
+
+    Converted as-is, a padded MaxPool becomes PADV2 with -FLT_MAX as the pad value; int8 calibration then
+    sees a range of 1e38 for that tensor (and the convolution output it shares a scale with), which
+    destroys the int8 model. A zero pad quantizes exactly.
+    """
+    g = model.graph
+    producer = {o: n for n in g.node for o in n.output}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    out = []
+    for n in g.node:
+        pads = next((list(a.ints) for a in n.attribute if a.name == "pads"), [])
+        auto = next((a.s for a in n.attribute if a.name == "auto_pad"), b"NOTSET")
+        src = producer.get(n.input[0])
+        if n.op_type != "MaxPool" or not any(pads) or auto not in (b"NOTSET", b"") or src is None or src.op_type != "Relu":
+            out.append(n)
+            continue
+        rank = len(pads) // 2
+        full = [0, 0] + pads[:rank] + [0, 0] + pads[rank:]
+        padded = f"{n.input[0]}__maxpool_pad"
+        if opset >= 11:
+            name = f"{padded}__pads"
+            g.initializer.append(onnx.helper.make_tensor(name, onnx.TensorProto.INT64, [len(full)], full))
+            out.append(onnx.helper.make_node("Pad", [n.input[0], name], [padded], name=f"{n.name}_pad", mode="constant"))
+        else:
+            out.append(onnx.helper.make_node("Pad", [n.input[0]], [padded], name=f"{n.name}_pad", mode="constant",
+                                             pads=full, value=0.0))
+        n.input[0] = padded
+        for a in n.attribute:
+            if a.name == "pads":
+                del a.ints[:]
+                a.ints.extend([0] * len(pads))
+        out.append(n)
+    del g.node[:]
+    g.node.extend(out)
 
 
 def _fold(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -227,6 +273,8 @@ def canonicalise(
             model = shape_inference.infer_shapes(model, data_prop=True)
             model = _fold(model)
         _bypass_identities(model)
+        _two_input_sum_to_add(model)
+        _explicit_pool_padding(model)
         del model.graph.value_info[:]
         model = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:

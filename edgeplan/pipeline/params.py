@@ -15,7 +15,7 @@ DEFAULTS: dict = {
     "analysis": {"max_points": 8},
     "quantize": {
         "calibration": {"kind": "random", "low": -1.0, "high": 1.0, "samples": 64, "seed": 0},
-        "match_min_cosine": 0.9,
+        "match_min_cosine": 0.5,
         "timeout_s": 1800,
     },
     "compile": {"compiler": "auto", "onchip_bytes": 8 * 1024 * 1024, "allow_multiple_subgraphs": False},

@@ -137,3 +137,30 @@ def test_keras_file_and_saved_model(tmp_path):
         sess = ort.InferenceSession(m.SerializeToString())
         got = sess.run(None, {view.input.name: x.transpose(0, 3, 1, 2)})[0]
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_maxpool_padding_after_relu_becomes_a_zero_pad():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5])
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1])]
+    g = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    before = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    after = canonicalise(before)
+    assert [n.op_type for n in after.graph.node] == ["Relu", "Pad", "MaxPool"]
+    data = np.random.default_rng(0).normal(size=(1, 2, 5, 5)).astype(np.float32)
+    ref = ort.InferenceSession(before.SerializeToString()).run(None, {"x": data})[0]
+    got = ort.InferenceSession(after.SerializeToString()).run(None, {"x": data})[0]
+    np.testing.assert_array_equal(ref, got)
+
+
+def test_two_input_sum_becomes_add():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["x"], ["b"]),
+             helper.make_node("Sum", ["a", "b"], ["s"]), helper.make_node("Sum", ["a", "b", "s"], ["y"])]
+    g = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    before = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    after = canonicalise(before)
+    assert [n.op_type for n in after.graph.node] == ["Relu", "Neg", "Add", "Sum"]
+    data = np.random.default_rng(0).normal(size=(1, 4)).astype(np.float32)
+    np.testing.assert_array_equal(ort.InferenceSession(before.SerializeToString()).run(None, {"x": data})[0],
+                                  ort.InferenceSession(after.SerializeToString()).run(None, {"x": data})[0])
