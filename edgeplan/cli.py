@@ -68,13 +68,22 @@ def print_build(result) -> None:
         t.add_column(col, justify="right" if col not in ("ONNX tensor", "first op off the TPU") else "left")
     for p in result.analysis.points:
         r = result.reports.get(p.index)
-        first = (r.first_unmapped or {}) if r else {}
+        if p.index in result.errors:
+            off = f"[red]failed: {result.errors[p.index].splitlines()[0]}"
+        elif r and r.first_unmapped:
+            status = r.first_unmapped.get("status")
+            off = f"{r.first_unmapped.get('op')} ({SHORT.get(status, status)})"
+        else:
+            off = "-"
         t.add_row(str(p.index), _short(p.tensor), f"{p.boundary_bytes:,}", f"{p.prefix_param_bytes:,}",
-                  f"{p.prefix_macs / 1e6:.1f}", f"{r.tpu_ops}/{r.total_ops}" if r else "-",
-                  (f"{first.get('op')} ({SHORT.get(first.get('status'), first.get('status'))})" if first else "-")
-                  if p.index not in result.errors else f"[red]failed: {result.errors[p.index].splitlines()[0]}")
+                  f"{p.prefix_macs / 1e6:.1f}", f"{r.tpu_ops}/{r.total_ops}" if r else "-", off)
     console.print(t)
     a = result.analysis
+    whole = result.reports.get(a.last)
+    if whole and whole.first_unmapped:
+        f = whole.first_unmapped
+        console.print(f"The Edge TPU part of the whole model ends at op {f.get('index')} {f.get('op')}: "
+                      f"{f.get('status')} — {f.get('reason')}")
     console.print(f"{a.onnx_candidates} ONNX candidates, {len(a.points) - 2} interior points kept, "
                   f"{len(a.dropped)} dropped (see analysis.json). {a.note}")
 

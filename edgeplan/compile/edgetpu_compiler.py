@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 from edgeplan.artifacts import CompileReport, OperatorRow
@@ -107,10 +108,7 @@ def parse_output(stdout: str, logs: dict[str, str] | None = None) -> list[Compil
                 log=log_text,
             )
         )
-    return [
-        CompileReport(**{**r.__dict__, "cocompiled_with": tuple(n for n in names if n != r.model)})
-        for r in reports
-    ]
+    return [replace(r, cocompiled_with=tuple(n for n in names if n != r.model)) for r in reports]
 
 
 def compile_models(
