@@ -72,3 +72,17 @@ def test_a_flat_model_fails_the_input_dependence_check(compiled, params, tmp_pat
     onnx.save(m, str(d / "model.onnx"))
     report = stages.verify(d, params)
     assert not report.input_dependence_ok and report.input_dependence < 1e-3 and not report.ok
+
+
+def test_the_cosine_floor_is_enforced(compiled, params, tmp_path):
+    import copy
+
+    src, _, report = compiled("mobilenetv2_0.35_96")
+    worst = min(c.int8_float_cosine for c in report.points)
+    assert 0.85 <= worst < 0.99
+    strict = copy.deepcopy(params)
+    strict["verify"]["min_cosine"] = 0.99
+    d = tmp_path / "strict"
+    shutil.copytree(src, d)
+    r = stages.verify(d, strict)
+    assert not r.ok and all(not c.cosine_ok and c.int8_ok and c.float_ok for c in r.points)
