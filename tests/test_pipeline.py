@@ -87,3 +87,12 @@ def test_verify_refuses_segments_of_another_model(compiled, params, tmp_path):
     stages.ingest("zoo:tiny_cnn_lrn", "stale", "1", tmp_path)  # a new model.onnx, old segments
     with pytest.raises(ArtifactError, match="made for another model.onnx"):
         stages.verify(d, params)
+
+
+def test_a_conversion_past_its_time_limit_is_stopped_with_a_message(tmp_path):
+    from edgeplan.quantize import convert
+    from edgeplan.zoo import tiny
+
+    path = _save(tiny.model(), tmp_path / "tiny.onnx")
+    with pytest.raises(ConversionError, match=r"did not finish within 1 s"):
+        convert.to_int8_tflite(path, np.zeros((2, 3, 32, 32), np.float32), tmp_path / "work", timeout=1)
