@@ -84,9 +84,8 @@ class _Record:
 def _from_jsonable(cls: type, data: Any) -> Any:
     if not dataclasses.is_dataclass(cls):
         return data
-    hints = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
-    for name, f in hints.items():
+    for name in (f.name for f in dataclasses.fields(cls)):
         if name not in data:
             continue
         value = data[name]
