@@ -38,11 +38,6 @@ def _nhwc(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (shape[0], shape[2], shape[3], shape[1]) if len(shape) == 4 else tuple(shape)
 
 
-def onnx_values(model: onnx.ModelProto, tensors: list[str], xs: np.ndarray) -> dict[str, np.ndarray]:
-    """Float values of ``tensors`` for every sample of ``xs`` (stacked on axis 0)."""
-    return tensor_values(model, tensors, xs)
-
-
 def tflite_values(model: bytes, xs: np.ndarray, indices: list[int]) -> dict[int, np.ndarray]:
     """Dequantized values of the int8 model's tensors ``indices``, for every sample (NCHW float inputs)."""
     it = litert.interpreter(model, deterministic=True, keep_all=True)
@@ -73,7 +68,7 @@ def match_candidates(
     min_cosine: float = 0.5,
     macs_rtol: float = 1e-3,
 ) -> list[Match]:
-    float_vals = onnx_values(onnx_model, [c.tensor for c in candidates], xs)
+    float_vals = tensor_values(onnx_model, [c.tensor for c in candidates], xs)
     produced = [t for t in tflite.tensors if t.index in tflite.producer and not t.constant]
     int8_vals = tflite_values(tflite.data, xs, [t.index for t in produced])
     prefix_macs = {t.index: tflite.prefix_macs(t.index) for t in produced}

@@ -69,9 +69,10 @@ def reweight(model: onnx.ModelProto, seed: int, samples: int = 4) -> onnx.ModelP
             bns.append(n)
     # Batch-norm statistics in topological order, each measured with every earlier one already set, so
     # every layer sees normalised inputs (what training would have given it).
-    xs = rng.uniform(-1.0, 1.0, (samples, *[d.dim_value for d in g.input[0].type.tensor_type.shape.dim][1:]))
+    shape = [d.dim_value for d in g.input[0].type.tensor_type.shape.dim][1:]
+    xs = rng.uniform(-1.0, 1.0, (samples, *shape)).astype(np.float32)
     for n in bns:
-        mean, var = _bn_input_stats(model, n.input[0], xs.astype(np.float32))
+        mean, var = _bn_input_stats(model, n.input[0], xs)
         put(n.input[3], mean)
         put(n.input[4], var)
     return model

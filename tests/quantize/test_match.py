@@ -28,11 +28,12 @@ def test_matched_tensors_carry_the_same_values(compiled):
     d, result, _ = compiled("light_squeezenet")
     model = onnx.load(str(d / "model.onnx"))
     g = TfliteGraph((d / "model_int8.tflite").read_bytes())
-    from edgeplan.quantize.match import onnx_values, tflite_values
+    from edgeplan.graph.evaluate import tensor_values
+    from edgeplan.quantize.match import tflite_values
 
     x = np.random.default_rng(3).uniform(-1, 1, (1, 3, 224, 224)).astype(np.float32)
     interior = result.analysis.points[1:-1]
-    fvals = onnx_values(model, [p.tensor for p in interior], x)
+    fvals = tensor_values(model, [p.tensor for p in interior], x)
     ivals = tflite_values(g.data, x, [g.by_name(p.tflite_tensor).index for p in interior])
     for p in interior:
         f = litert.nchw_to_nhwc(fvals[p.tensor]).ravel()
