@@ -5,6 +5,11 @@
     edgeplan verify ARTIFACT_DIR                  re-run the checks, print the table (exit 1 on failure)
     edgeplan ingest | build                       single stages (what dvc.yaml runs)
     edgeplan zoo list | zoo build NAME DIR        real architectures with seeded weights, no downloads
+    edgeplan profile run ARTIFACT_DIR --device-class C   profiles/C.json: TPU (emulated) and CPU (measured) times
+    edgeplan profile diff A B                     segments whose latency moved beyond a threshold
+    edgeplan profile train PROFILE...             fit the XGBoost latency predictor on measured profiles
+    edgeplan profile emulator                     the emulated Edge TPU's fitted parameters and errors
+    edgeplan fleet                                check and list the fleet registry
 """
 from __future__ import annotations
 
@@ -18,11 +23,11 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
 
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-from edgeplan.errors import EdgeplanError  # noqa: E402
+from edgeplan.errors import EdgeplanError
 
 console = Console(stderr=False, width=max(120, Console().width))
 err = Console(stderr=True)
@@ -186,6 +191,142 @@ def cmd_zoo(args, params) -> int:
     return 0
 
 
+def _fleet(params):
+    from edgeplan.profile import fleet
+
+    return fleet.load(params, {d["name"] for d in params.get("deployments") or []})
+
+
+def cmd_profile_run(args, params) -> int:
+    from edgeplan.profile import cpu, run
+    from edgeplan.profile.predictor import Predictor
+
+    device_class = _fleet(params).device_class(args.device_class)
+    pp = dict(params["profile"])
+    for key in ("repeats", "timeout_s", "budget_s", "span_s"):
+        if getattr(args, key) is not None:
+            pp[key] = getattr(args, key)
+    try:
+        settings = cpu.Settings.from_params(pp)
+    except ValueError as e:
+        raise EdgeplanError(str(e)) from None
+    predictor = Predictor.load(args.predictor) if args.predictor else None
+    with _progress() as update:
+        prof = run.profile(Path(args.artifact_dir), device_class, settings, update, predictor=predictor,
+                           sample=args.sample, cpu_prefixes=args.cpu_prefixes)
+    print_profile(prof)
+    out = Path(args.artifact_dir) / "profiles" / f"{device_class.name}.json"
+    console.print(f"wrote {out}")
+    if args.summary_json:
+        from edgeplan.artifacts import write_json_atomic
+
+        write_json_atomic(args.summary_json, prof.summary())
+        console.print(f"wrote {args.summary_json}")
+    failed = [s for s in prof.segments if s.status != "ok"]
+    return 1 if failed else 0
+
+
+def print_profile(prof) -> None:
+    rows = prof.summary()
+    src = {r["tpu_source"] for r in rows if r["tpu_source"]}
+    title = f"{prof.model} on {prof.device_class}" + (" — Edge TPU times EMULATED (modelled, not measured)"
+                                                       if "emulated" in src else "")
+    t = Table(title=title)
+    t.add_column("point", justify="right")
+    t.add_column("tpu_ms", justify="right")
+    for n in prof.threads:
+        t.add_column(f"cpu_ms k={n}", justify="right")
+    t.add_column("source")
+    t.add_column("status")
+
+    def fmt(v):
+        return "-" if v is None else f"{v:.3f}"
+
+    for r in rows:
+        bad = [s for s in prof.segments if s.point == r["point"] and s.status != "ok"]
+        status = "; ".join(f"[red]{s.role} {s.status}: {s.error}" for s in bad) or "[green]ok"
+        t.add_row(str(r["point"]), fmt(r["tpu_ms"]), *(fmt(r["cpu_ms"].get(str(n))) for n in prof.threads),
+                  f"tpu {r['tpu_source'] or '-'} / cpu {r['cpu_source'] or '-'}", status)
+    console.print(t)
+    if prof.tpu_model:
+        m = prof.tpu_model
+        console.print(f"emulated Edge TPU: efficiency {m['efficiency']:.3f} of {m['peak_macs_per_s'] / 1e12:g}e12 MAC/s, "
+                      f"overhead {m['overhead_ms']:.3f} ms, link {m['link_bytes_per_s'] / 1e6:g} MB/s "
+                      f"(fitted on {', '.join(m['calibration'].get('hosts', []))} rows of the Coral benchmarks)")
+
+
+def cmd_profile_diff(args, params) -> int:
+    from edgeplan.profile.diff import diff
+    from edgeplan.profile.schema import Profile
+
+    a, b = Profile.load(args.a), Profile.load(args.b)
+    threshold = args.threshold if args.threshold is not None else params["profile"]["drift_threshold"]
+    changes = diff(a, b, threshold, allow_other_model=args.other_model)
+    t = Table(title=f"segments that moved more than {threshold:.0%}: {args.a} -> {args.b}")
+    for col in ("point", "segment", "metric", "A ms", "B ms", "change", "note"):
+        t.add_column(col, justify="right" if col in ("point", "A ms", "B ms", "change") else "left")
+    for c in changes:
+        t.add_row(str(c.point), c.role, c.metric, "-" if c.before_ms is None else f"{c.before_ms:.3f}",
+                  "-" if c.after_ms is None else f"{c.after_ms:.3f}",
+                  "-" if c.rel_change is None else f"{c.rel_change:+.1%}", c.note)
+    console.print(t if changes else f"no segment moved more than {threshold:.0%}")
+    if args.json:
+        from edgeplan.artifacts import write_json_atomic
+
+        write_json_atomic(args.json, changes)
+    return 1 if changes else 0
+
+
+def cmd_profile_train(args, params) -> int:
+    from edgeplan.profile.predictor import Predictor, examples, mape
+    from edgeplan.profile.schema import Profile
+
+    train = examples([Profile.load(p) for p in args.profiles])
+    model = Predictor.train(train)
+    model.save(args.out)
+    console.print(f"trained on {len(train)} measured timings of {', '.join(model.trained_on)}; wrote {args.out}")
+    if args.eval:
+        test = examples([Profile.load(p) for p in args.eval])
+        pred = model.predict_many([(e.features, e.threads, e.cores, e.probe_ms) for e in test])
+        console.print(f"held out: {len(test)} timings of {', '.join(sorted({e.model for e in test}))}: "
+                      f"MAPE {mape(pred, [e.ms for e in test]):.1%}")
+    return 0
+
+
+def cmd_profile_emulator(args, params) -> int:
+    from edgeplan.profile import tpu_model
+
+    tpu = tpu_model.for_host(args.host)
+    t = Table(title=f"emulated Edge TPU calibrated on the {args.host} rows (leave-one-out: fitted without the row)")
+    for col in ("model", "input", "measured ms", "LOO predicted ms", "LOO error", "in-fit error"):
+        t.add_column(col, justify="left" if col == "model" else "right")
+    for row, fit_err in zip(tpu.calibration["loo_errors"], tpu.calibration["fit_errors"]):
+        t.add_row(row["model"], str(row["input"]), f"{row['measured_ms']:.2f}", f"{row['predicted_ms']:.2f}",
+                  f"{row['error']:+.1%}", f"{fit_err:+.1%}")
+    console.print(t)
+    console.print(f"efficiency {tpu.efficiency:.4f} (of {tpu.peak_macs_per_s:g} MAC/s), overhead {tpu.overhead_ms:.4f} ms, "
+                  f"link {tpu.link_bytes_per_s:g} B/s, on-chip {tpu.onchip_param_bytes} B")
+    return 0
+
+
+def cmd_fleet(args, params) -> int:
+    fleet = _fleet(params)
+    t = Table(title="device classes")
+    for col in ("class", "CPU", "cores", "RAM", "accelerator", "on-chip B", "link B/s"):
+        t.add_column(col)
+    for c in fleet.device_classes.values():
+        a = c.accelerator
+        t.add_row(c.name, c.cpu, str(c.cores), f"{c.ram_bytes:,}", a.kind, f"{a.onchip_param_bytes:,}", f"{a.link_bytes_per_s:g}")
+    console.print(t)
+    t = Table(title="devices")
+    for col in ("id", "class", "deployment", "work pool", "queue"):
+        t.add_column(col)
+    for d in fleet.devices:
+        t.add_row(d.id, d.device_class, d.deployment or "-", d.work_pool, d.work_queue)
+    console.print(t)
+    return 0
+
+
 def _stages():
     from edgeplan.pipeline import stages
 
@@ -231,6 +372,40 @@ def parser() -> argparse.ArgumentParser:
     zb.add_argument("name")
     zb.add_argument("dir")
     sp.set_defaults(func=cmd_zoo)
+
+    sp = sub.add_parser("profile", help="device profiles: run, diff, train the predictor, show the emulator")
+    psub = sp.add_subparsers(dest="profile_cmd", required=True)
+    pr = psub.add_parser("run", help="profile every segment of ARTIFACT_DIR on a device class -> profiles/CLASS.json",
+                         description="Prefixes get Edge TPU times (EMULATED for *-emulated classes: modelled from the "
+                         "compile report), suffixes CPU times measured here with 1..K interpreter threads.")
+    pr.add_argument("artifact_dir")
+    pr.add_argument("--device-class", required=True, help="a class of the fleet registry (`edgeplan fleet`)")
+    pr.add_argument("--summary-json", help="also write the per-point summary (tpu_ms, cpu_ms per core count) here")
+    pr.add_argument("--sample", type=int, help="measure only this many suffixes (spread evenly), predict the rest")
+    pr.add_argument("--predictor", help="predictor file from `edgeplan profile train` (for --sample or predicted classes)")
+    pr.add_argument("--cpu-prefixes", action="store_true", help="also time prefixes on the CPU (predictor training data)")
+    pr.add_argument("--repeats", type=int, help="timed runs per segment and thread count (default: params profile.repeats)")
+    pr.add_argument("--budget-s", type=float, help="time budget per segment (default: params profile.budget_s)")
+    pr.add_argument("--span-s", type=float, help="spread the timed rounds over at least this long (default: params profile.span_s)")
+    pr.add_argument("--timeout-s", type=float, help="kill a segment still running after this (default: params profile.timeout_s)")
+    pr.set_defaults(func=cmd_profile_run)
+    pd = psub.add_parser("diff", help="list segments whose latency moved beyond a threshold (exit 1 if any)")
+    pd.add_argument("a")
+    pd.add_argument("b")
+    pd.add_argument("--threshold", type=float, help="relative change, e.g. 0.1 (default: params profile.drift_threshold)")
+    pd.add_argument("--other-model", action="store_true", help="compare profiles of different models anyway")
+    pd.add_argument("--json", help="write the changes as JSON here")
+    pd.set_defaults(func=cmd_profile_diff)
+    pt = psub.add_parser("train", help="fit the XGBoost latency predictor on measured profiles")
+    pt.add_argument("profiles", nargs="+", help="profiles/<class>.json files with measured CPU timings")
+    pt.add_argument("--out", required=True, help="predictor file to write")
+    pt.add_argument("--eval", nargs="*", help="held-out profiles: report the predictor's MAPE on them")
+    pt.set_defaults(func=cmd_profile_train)
+    pe = psub.add_parser("emulator", help="the emulated Edge TPU's fitted parameters and leave-one-out errors")
+    pe.add_argument("--host", default="desktop", help="calibration rows to fit on (desktop, rpi4b)")
+    pe.set_defaults(func=cmd_profile_emulator)
+    sp = sub.add_parser("fleet", help="check the fleet registry in params.yaml and list classes and devices")
+    sp.set_defaults(func=cmd_fleet)
     return p
 
 

@@ -39,3 +39,11 @@ class CalibrationError(EdgeplanError):
 
 class ArtifactError(EdgeplanError):
     """An artifact directory is missing a file a stage needs, or a file has an unknown schema."""
+
+
+class RegistryError(EdgeplanError):
+    """The fleet registry (params.yaml ``fleet``) is malformed, or names a device class it does not define."""
+
+
+class ProfileError(EdgeplanError):
+    """Profiling cannot start or its inputs disagree (no segments, profiles of different models, ...)."""

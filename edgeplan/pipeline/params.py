@@ -20,7 +20,39 @@ DEFAULTS: dict = {
     },
     "compile": {"compiler": "auto", "onchip_bytes": 8 * 1024 * 1024, "allow_multiple_subgraphs": False},
     "verify": {"samples": 4, "seed": 1000, "min_cosine": 0.85},
+    "profile": {
+        "warmup": 2,
+        "repeats": 300,
+        "min_repeats": 5,
+        "span_s": 20.0,
+        "budget_s": 10.0,
+        "timeout_s": 120.0,
+        "kernels": "xnnpack",
+        "drift_threshold": 0.10,
+    },
+    "deployments": [
+        {"name": "mobilenetv2-solo", "device_class": "coral-usb-emulated",
+         "models": [{"name": "mobilenetv2", "version": "latest", "rate": 10.0}]},
+    ],
+    "fleet": {
+        "device_classes": {
+            "coral-usb-emulated": {
+                "cpu": "measured",
+                "cores": None,
+                "ram_bytes": 8 * 1024**3,
+                "accelerator": {"kind": "edgetpu-usb-emulated", "onchip_param_bytes": 8 * 1024 * 1024,
+                                "link_bytes_per_s": 5.0e8, "calibration_host": "desktop"},
+            },
+        },
+        "devices": [
+            {"id": "edge-0001", "device_class": "coral-usb-emulated", "deployment": "mobilenetv2-solo",
+             "work_pool": "coral-usb-emulated", "work_queue": "default"},
+        ],
+    },
 }
+
+# Keys whose value replaces the default as a whole (their own modules validate them).
+_REPLACED = {"calibration", "deployments", "fleet"}
 
 
 def _merge(base: dict, over: dict, where: str) -> dict:
@@ -28,7 +60,7 @@ def _merge(base: dict, over: dict, where: str) -> dict:
     for k, v in over.items():
         if k not in base:
             raise EdgeplanError(f"{where}: unknown key {k!r} (known: {', '.join(base)})")
-        if isinstance(base[k], dict) and k != "calibration":
+        if isinstance(base[k], dict) and k not in _REPLACED:
             if not isinstance(v, dict):
                 raise EdgeplanError(f"{where}.{k}: expected a mapping")
             out[k] = _merge(base[k], v, f"{where}.{k}")

@@ -10,7 +10,9 @@ from edgeplan.zoo import keras_apps, light, tiny
 
 _TABLE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "mobilenetv2_0.35_96": (partial(keras_apps.build, "MobileNetV2", 96, alpha=0.35), "Keras MobileNetV2 alpha 0.35, 96x96"),
+    "mobilenetv1_224": (partial(keras_apps.build, "MobileNet", 224), "Keras MobileNet (v1) alpha 1.0, 224x224"),
     "mobilenetv2_224": (partial(keras_apps.build, "MobileNetV2", 224), "Keras MobileNetV2, 224x224"),
+    "resnet50_299": (partial(keras_apps.build, "ResNet50", 299), "Keras ResNet50 (v1), 299x299"),
     "resnet50v2_224": (partial(keras_apps.build, "ResNet50V2", 224), "Keras ResNet50V2, 224x224"),
     "inceptionv3_299": (partial(keras_apps.build, "InceptionV3", 299), "Keras InceptionV3, 299x299"),
     "densenet201_224": (partial(keras_apps.build, "DenseNet201", 224), "Keras DenseNet201, 224x224"),

@@ -1,0 +1,209 @@
+"""Profiling benchmark (issue: device profiling). Writes bench/results/profiling.json and profiling.png.
+
+Keys:
+- emulator_loo_errors: every row of the Coral calibration table predicted by the emulated Edge TPU fitted
+  without that row (on the rows of the same host): relative error predicted/measured - 1. EMULATED model
+  against published measurements.
+- emulator_whole_model_ms: for each Keras architecture, tpu_ms of point P (the whole model on the EMULATED
+  Edge TPU) beside the whole model's CPU latency MEASURED here (1 and 2 threads).
+- cpu_repeatability_max_rel_diff: two profiling passes of the same segments in one run (ResNet50V2 and
+  EfficientNetB0); the largest |B/A - 1| of the per-segment medians over segments of 1 ms or more (the median
+  over those segments is reported beside it). Real execution.
+- predictor_mape_heldout: the XGBoost predictor trained on the measured segments (prefixes and suffixes,
+  1 and 2 threads) of MobileNetV2, ResNet50V2, DenseNet201 and Xception, evaluated on those of InceptionV3
+  and EfficientNetB0 against real measurements; the suffix-only figure (what the pipeline predicts) beside it.
+- profile_resnet50v2_seconds: wall time of `edgeplan profile run` on ResNet50V2 (max_points 8, k = 1, 2).
+
+`--artifacts DIR` reuses compiled models (DIR/<Arch>/1); otherwise they are compiled here (about 30 minutes
+at full size). `--quick` uses 96x96 inputs and shorter timing spans, with the same definitions.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np
+from _common import RESULTS, machine, write
+
+from edgeplan.pipeline import params as params_mod
+from edgeplan.profile import tpu_model
+from edgeplan.profile.predictor import Predictor, examples, mape
+from edgeplan.profile.schema import Profile
+
+TRAIN = ["MobileNetV2", "ResNet50V2", "DenseNet201", "Xception"]
+HELD_OUT = ["InceptionV3", "EfficientNetB0"]
+REPEAT = ["ResNet50V2", "EfficientNetB0"]
+FULL_SIZES = {"MobileNetV2": 224, "ResNet50V2": 224, "InceptionV3": 299, "DenseNet201": 224, "Xception": 299,
+              "EfficientNetB0": 224}
+CLASS = "coral-usb-emulated"
+EDGEPLAN = [sys.executable, "-m", "edgeplan.cli"]
+
+
+def compile_models(work: Path, sizes: dict[str, int]) -> Path:
+    from edgeplan.pipeline import stages
+    from edgeplan.zoo import keras_apps
+
+    params = params_mod.load(Path(__file__).resolve().parents[1] / "params.yaml")
+    params["analysis"]["max_points"] = 8
+    for arch, size in sizes.items():
+        print(f"[bench] compiling {arch} at {size}x{size} ...", flush=True)
+        src = keras_apps.build(arch, size, work / "zoo" / f"{arch}_{size}")
+        root = stages.ingest(src, arch, "1", work / "artifacts")
+        stages.build(root, params)
+    return work / "artifacts"
+
+
+def profile(root: Path, span_s: float) -> tuple[Profile, float]:
+    t0 = time.perf_counter()
+    proc = subprocess.run([*EDGEPLAN, "profile", "run", str(root), "--device-class", CLASS, "--cpu-prefixes",
+                           "--span-s", str(span_s)], capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"profile run {root} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return Profile.load(root / "profiles" / f"{CLASS}.json"), seconds
+
+
+def repeatability(a: Profile, b: Profile, floor_ms: float = 1.0) -> list[dict]:
+    rows = []
+    for s in a.segments:
+        for t in s.cpu:
+            u = b.segment(s.point, s.role).cpu_timing(t.threads)
+            if t.median_ms >= floor_ms and u is not None:
+                rows.append({"model": a.model, "point": s.point, "role": s.role, "threads": t.threads,
+                             "a_ms": t.median_ms, "b_ms": u.median_ms, "rel_diff": u.median_ms / t.median_ms - 1})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="96x96 inputs, shorter timing spans; same definitions")
+    ap.add_argument("--artifacts", type=Path, help="reuse compiled models: DIR/<Arch>/1")
+    args = ap.parse_args()
+    span = 5.0 if args.quick else params_mod.DEFAULTS["profile"]["span_s"]
+    sizes = {a: 96 for a in FULL_SIZES} if args.quick else FULL_SIZES
+    arts = args.artifacts or compile_models(Path(tempfile.mkdtemp(prefix="edgeplan-bench-")), sizes)
+
+    print("[bench] emulator calibration ...", flush=True)
+    loo = []
+    fitted = {}
+    for host in ("desktop", "rpi4b"):
+        tpu = tpu_model.for_host(host)
+        fitted[host] = {"efficiency": tpu.efficiency, "overhead_ms": tpu.overhead_ms}
+        loo += tpu.calibration["loo_errors"]
+
+    profiles: dict[str, Profile] = {}
+    seconds: dict[str, float] = {}
+    for arch in TRAIN + HELD_OUT:
+        print(f"[bench] profiling {arch} ...", flush=True)
+        profiles[arch], seconds[arch] = profile(arts / arch / "1", span)
+    second = {}
+    for arch in REPEAT:
+        print(f"[bench] profiling {arch} again ...", flush=True)
+        second[arch], _ = profile(arts / arch / "1", span)
+    rep = [r for arch in REPEAT for r in repeatability(profiles[arch], second[arch])]
+    rel = [abs(r["rel_diff"]) for r in rep]
+
+    whole = {}
+    for arch, p in profiles.items():
+        last = p.segment(p.last_point, "prefix").tpu
+        full = p.segment(0, "suffix")
+        whole[arch] = {"input": sizes[arch], "tpu_ms_emulated": last.tpu_ms, "tpu_compute_ms_emulated": last.tpu_compute_ms,
+                       "io_ms_emulated": last.io_ms, "load_ms_emulated": last.load_ms,
+                       "offchip_param_bytes": last.offchip_param_bytes,
+                       "cpu_ms_measured": {str(t.threads): t.median_ms for t in full.cpu}}
+
+    print("[bench] predictor ...", flush=True)
+    model = Predictor.train(examples([profiles[a] for a in TRAIN]))
+    test = examples([profiles[a] for a in HELD_OUT])
+    pred = model.predict_many([(e.features, e.threads, e.cores, e.probe_ms) for e in test])
+    suffix = [(p, e.ms) for p, e in zip(pred, test) if e.role == "suffix"]
+    per_model = {a: mape([p for p, e in zip(pred, test) if e.model.startswith(a)],
+                         [e.ms for e in test if e.model.startswith(a)]) for a in HELD_OUT}
+
+    result = {
+        "quick": args.quick,
+        "machine": machine(),
+        "emulator_loo_errors": loo,
+        "emulator_whole_model_ms": whole,
+        "cpu_repeatability_max_rel_diff": max(rel) if rel else None,
+        "predictor_mape_heldout": mape(pred, [e.ms for e in test]),
+        "profile_resnet50v2_seconds": seconds["ResNet50V2"],
+        "source": {
+            "emulator_loo_errors": "EMULATED Edge TPU model vs published Coral measurements",
+            "emulator_whole_model_ms": "tpu_ms: EMULATED Edge TPU; cpu_ms: real execution (this machine's CPU)",
+            "cpu_repeatability_max_rel_diff": "real execution",
+            "predictor_mape_heldout": "predictions vs real execution",
+            "profile_resnet50v2_seconds": "real execution (wall time; TPU side EMULATED)",
+        },
+        "emulator_fitted": fitted,
+        "cpu_repeatability": {"median_abs_rel_diff": float(np.median(rel)) if rel else None, "segments": rep},
+        "predictor": {"train": TRAIN, "held_out": HELD_OUT, "timings_train": len(examples([profiles[a] for a in TRAIN])),
+                      "timings_held_out": len(test), "mape_suffixes_only": mape(*zip(*suffix)) if suffix else None,
+                      "mape_per_model": per_model,
+                      "points": [{"model": e.model, "point": e.point, "role": e.role, "threads": e.threads,
+                                  "measured_ms": e.ms, "predicted_ms": p} for p, e in zip(pred, test)]},
+        "profile_seconds": seconds,
+        "span_s": span,
+    }
+    path = write("profiling", result)
+    plot(result, RESULTS / "profiling.png")
+    print(f"[bench] wrote {path}")
+    print({k: result[k] for k in ("cpu_repeatability_max_rel_diff", "predictor_mape_heldout", "profile_resnet50v2_seconds")})
+    return 0
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(16, 4.6))
+    pts = result["predictor"]["points"]
+    for model, marker in zip(sorted({p["model"] for p in pts}), "os^"):
+        for threads, colour in ((1, "tab:blue"), (2, "tab:orange")):
+            sel = [p for p in pts if p["model"] == model and p["threads"] == threads]
+            a1.scatter([p["measured_ms"] for p in sel], [p["predicted_ms"] for p in sel], marker=marker, c=colour,
+                       label=f"{model} k={threads}", alpha=0.8)
+    lo = min(min(p["measured_ms"], p["predicted_ms"]) for p in pts)
+    hi = max(max(p["measured_ms"], p["predicted_ms"]) for p in pts)
+    a1.plot([lo, hi], [lo, hi], "k--", lw=1)
+    a1.set_xscale("log")
+    a1.set_yscale("log")
+    a1.set_xlabel("measured ms (this CPU)")
+    a1.set_ylabel("predicted ms")
+    a1.set_title(f"held-out segments: MAPE {result['predictor_mape_heldout']:.1%}")
+    a1.legend(fontsize=7)
+
+    loo = result["emulator_loo_errors"]
+    a2.bar(range(len(loo)), [100 * r["error"] for r in loo],
+           color=["tab:green" if r["host"] == "desktop" else "tab:gray" for r in loo])
+    a2.set_xticks(range(len(loo)), [f"{r['model']}\n{r['host']}" for r in loo], rotation=60, fontsize=7)
+    a2.set_ylabel("leave-one-out error %")
+    a2.set_title("EMULATED Edge TPU vs published Coral figures")
+
+    whole = result["emulator_whole_model_ms"]
+    names = list(whole)
+    x = np.arange(len(names))
+    a3.bar(x - 0.27, [whole[n]["tpu_ms_emulated"] for n in names], 0.27, label="Edge TPU (EMULATED)")
+    a3.bar(x, [whole[n]["cpu_ms_measured"]["1"] for n in names], 0.27, label="CPU 1 thread (measured)")
+    a3.bar(x + 0.27, [whole[n]["cpu_ms_measured"].get("2", 0) for n in names], 0.27, label="CPU 2 threads (measured)")
+    a3.set_xticks(x, names, rotation=30, fontsize=8)
+    a3.set_ylabel("ms per inference (whole model)")
+    a3.set_title("whole model")
+    a3.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""What a segment asks of a device, read from its int8 graph: the emulated Edge TPU's workload and the
+latency predictor's features."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from edgeplan.artifacts import CompileReport
+from edgeplan.profile.tpu_model import TpuWorkload
+from edgeplan.quantize.tflite_graph import TfliteGraph
+
+# Op families the predictor tells apart; everything else is "other".
+FAMILIES = {
+    "CONV_2D": "conv", "DEPTHWISE_CONV_2D": "dwconv", "FULLY_CONNECTED": "fc", "TRANSPOSE_CONV": "conv",
+    "ADD": "eltwise", "MUL": "eltwise", "SUB": "eltwise", "LOGISTIC": "act", "HARD_SWISH": "act", "RELU": "act",
+    "RELU6": "act", "TANH": "act", "AVERAGE_POOL_2D": "pool", "MAX_POOL_2D": "pool", "MEAN": "pool",
+    "CONCATENATION": "concat", "PAD": "pad", "RESHAPE": "reshape", "QUANTIZE": "quant", "DEQUANTIZE": "quant",
+}
+FAMILY_NAMES = tuple(sorted(set(FAMILIES.values()) | {"other"}))
+CONV_KINDS = ("1x1", "kxk", "kx1", "dw")  # pointwise, square kernel, asymmetric (1x7, 7x1), depthwise
+
+
+def _nbytes(graph: TfliteGraph, ix: int) -> int:
+    t = graph.tensors[ix]
+    size = {"INT8": 1, "UINT8": 1, "INT16": 2, "FLOAT16": 2, "INT64": 8}.get(t.dtype, 4)
+    return math.prod(t.shape) * size
+
+
+def io_bytes(graph: TfliteGraph) -> tuple[int, int]:
+    return sum(_nbytes(graph, i) for i in graph.inputs), sum(_nbytes(graph, o) for o in graph.outputs)
+
+
+def tpu_workload(graph: TfliteGraph, report: CompileReport | None) -> TpuWorkload:
+    """The ops the compile report puts on the Edge TPU (all of them when ``report`` is None)."""
+    end = len(graph.ops)
+    if report is not None and report.first_unmapped is not None:
+        end = int(report.first_unmapped.get("index", end))
+    ins, outs = io_bytes(graph)
+    if report is None:
+        onchip = offchip = 0
+        left = 8 * 1024 * 1024
+        for b in graph.op_param_bytes[:end]:
+            if offchip == 0 and b <= left:
+                onchip, left = onchip + b, left - b
+            else:
+                offchip += b
+    else:
+        onchip, offchip = report.onchip_param_bytes, report.offchip_param_bytes
+    return TpuWorkload(macs=sum(graph.op_macs[:end]), onchip_param_bytes=onchip, offchip_param_bytes=offchip,
+                       input_bytes=ins, output_bytes=outs, ops=end)
+
+
+def _conv_shape(graph: TfliteGraph, op) -> tuple[int, int, int, int, int] | None:
+    """(kh, kw, Cin per output, Cout, output H*W) of a convolution-like op, else None."""
+    t = graph.tensors
+    if op.name in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+        w = t[op.inputs[1]].shape  # conv (Cout, kh, kw, Cin); depthwise (1, kh, kw, Cout)
+        out = t[op.outputs[0]].shape
+        cin = w[3] if op.name == "CONV_2D" else 1
+        return w[1], w[2], cin, out[-1], math.prod(out[1:-1])
+    if op.name == "FULLY_CONNECTED":
+        w = t[op.inputs[1]].shape
+        return 1, 1, w[-1], w[0], 1
+    return None
+
+
+def segment_features(graph: TfliteGraph) -> dict:
+    """Graph features of a segment: MACs, op counts and activation bytes by op family, parameter bytes, and
+    the MAC-weighted shape of its convolutions (kernel kind, channels, spatial size)."""
+    macs: Counter = Counter()
+    counts: Counter = Counter()
+    act: Counter = Counter()
+    shape_sums: Counter = Counter()
+    for op in graph.ops:
+        fam = FAMILIES.get(op.name, "other")
+        m = graph.op_macs[op.index]
+        macs[fam] += m
+        counts[fam] += 1
+        act[fam] += sum(_nbytes(graph, o) for o in op.outputs) + sum(_nbytes(graph, x) for x in graph.activations(op))
+        shape = _conv_shape(graph, op)
+        if shape and m:
+            kh, kw, cin, cout, hw = shape
+            kind = "dw" if op.name == "DEPTHWISE_CONV_2D" else ("1x1" if kh * kw == 1 else ("kxk" if kh == kw else "kx1"))
+            macs[f"kind_{kind}"] += m
+            shape_sums["log2_cin"] += m * math.log2(max(1, cin))
+            shape_sums["log2_cout"] += m * math.log2(max(1, cout))
+            shape_sums["log2_hw"] += m * math.log2(max(1, hw))
+    ins, outs = io_bytes(graph)
+    total = sum(macs[f] for f in FAMILY_NAMES)
+    feats = {"macs": int(total), "ops": len(graph.ops), "param_bytes": int(graph.param_bytes()),
+             "input_bytes": ins, "output_bytes": outs, "activation_bytes": int(sum(act.values()))}
+    for kind in CONV_KINDS:
+        feats[f"macs_kind_{kind}"] = int(macs[f"kind_{kind}"])
+    for key in ("log2_cin", "log2_cout", "log2_hw"):
+        feats[f"wavg_{key}"] = shape_sums[key] / total if total else 0.0
+    for fam in FAMILY_NAMES:
+        feats[f"macs_{fam}"] = int(macs[fam])
+        feats[f"ops_{fam}"] = int(counts[fam])
+        feats[f"act_{fam}"] = int(act[fam])
+    return feats

@@ -1,0 +1,156 @@
+"""The latency predictor (FlashMem §4.2's XGBoost regression, applied to whole segments): graph features of a
+segment, a thread count and a device class -> CPU latency.
+
+Trees do not extrapolate, so the model never sees raw sizes as its target: it predicts the logarithm of the
+time per unit of work, where work = MACs + activation bytes moved, from scale-free features (the op mix as
+fractions of MACs and of ops, the convolutions' kernel kinds and MAC-weighted channel and spatial sizes,
+bytes per MAC, the segment's size on a log scale, threads and cores). The latency is that time per unit
+times the segment's own work: a larger model than any in training gets a proportionally larger prediction,
+not the largest latency the trees have seen.
+
+Times are also expressed in units of the speed probe timed in the same rounds (``cpu.PROBE``): a shared
+machine's speed drifts by tens of percent between runs, and a prediction for a run scales with that run's
+probe (or, with none, the median probe of the training runs).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgeplan.artifacts import write_json_atomic
+from edgeplan.errors import ProfileError
+from edgeplan.profile.features import CONV_KINDS, FAMILY_NAMES
+from edgeplan.profile.schema import CpuTiming, Profile
+
+FORMAT = "edgeplan-latency-predictor-1"
+
+
+def work(f: dict) -> float:
+    """The unit the target is normalised by: MACs plus activation bytes read and written."""
+    return float(f["macs"] + f["activation_bytes"]) + 1.0
+
+
+def vector(f: dict, threads: int, cores: int) -> list[float]:
+    macs = f["macs"] + 1.0
+    ops = max(1, f["ops"])
+    v = [
+        math.log10(work(f)),
+        math.log10(macs),
+        f["activation_bytes"] / work(f),
+        f["param_bytes"] / macs,
+        f["ops"] / (work(f) / 1e6),
+        float(threads),
+        float(cores),
+    ]
+    v += [f[f"macs_{fam}"] / macs for fam in FAMILY_NAMES]
+    v += [f[f"ops_{fam}"] / ops for fam in FAMILY_NAMES]
+    v += [f[f"act_{fam}"] / (f["activation_bytes"] + 1.0) for fam in FAMILY_NAMES]
+    v += [f[f"macs_kind_{kind}"] / macs for kind in CONV_KINDS]
+    v += [f["wavg_log2_cin"], f["wavg_log2_cout"], f["wavg_log2_hw"]]
+    return v
+
+
+FEATURES = (["log10_work", "log10_macs", "act_share", "param_bytes_per_mac", "ops_per_mwork", "threads", "cores"]
+            + [f"mac_share_{fam}" for fam in FAMILY_NAMES] + [f"op_share_{fam}" for fam in FAMILY_NAMES]
+            + [f"act_share_{fam}" for fam in FAMILY_NAMES] + [f"mac_share_{kind}" for kind in CONV_KINDS]
+            + ["wavg_log2_cin", "wavg_log2_cout", "wavg_log2_hw"])
+
+
+@dataclass(frozen=True)
+class Example:
+    model: str
+    point: int
+    role: str
+    threads: int
+    cores: int
+    features: dict
+    ms: float
+    probe_ms: float | None = None  # the speed probe of the run that measured ``ms``
+
+
+def examples(profiles: list[Profile], cores: int | None = None) -> list[Example]:
+    """Every measured CPU timing in ``profiles`` (prefixes timed on the CPU included)."""
+    out = []
+    for p in profiles:
+        for s in p.segments:
+            if s.status != "ok" or not s.features:
+                continue
+            for t in s.cpu:
+                if t.source == "measured" and t.median_ms > 0:
+                    out.append(Example(p.model, s.point, s.role, t.threads, cores or p.host.cores, s.features,
+                                       t.median_ms, p.probe_ms(t.threads)))
+    return out
+
+
+@dataclass
+class Predictor:
+    booster: object
+    trained_on: list[str] = field(default_factory=list)
+    params: dict = field(default_factory=dict)
+    probe_ms: dict = field(default_factory=dict)  # threads (str) -> median probe of the training runs
+
+    def _scale(self, threads: int, probe_ms: float | None) -> float:
+        return probe_ms or self.probe_ms.get(str(threads)) or 1.0
+
+    @classmethod
+    def train(cls, data: list[Example], rounds: int = 600, seed: int = 0, **overrides) -> Predictor:
+        import xgboost as xgb
+
+        if len(data) < 8:
+            raise ProfileError(f"training the latency predictor needs at least 8 measured timings, got {len(data)}")
+        if any(e.probe_ms is None for e in data) and any(e.probe_ms is not None for e in data):
+            raise ProfileError("some training profiles have a speed probe and some do not; re-profile the old ones")
+        x = np.array([vector(e.features, e.threads, e.cores) for e in data])
+        y = np.array([math.log(e.ms / (e.probe_ms or 1.0) / work(e.features)) for e in data])
+        probes = {str(n): float(np.median([e.probe_ms for e in data if e.threads == n and e.probe_ms]))
+                  for n in sorted({e.threads for e in data if e.probe_ms})}
+        params = {"objective": "reg:squarederror", "eta": 0.05, "max_depth": 4, "subsample": 0.8,
+                  "colsample_bytree": 0.8, "min_child_weight": 2, "lambda": 1.0, "seed": seed, "nthread": 1,
+                  **overrides}
+        booster = xgb.train(params, xgb.DMatrix(x, label=y, feature_names=FEATURES), num_boost_round=rounds)
+        return cls(booster, sorted({e.model for e in data}), {**params, "rounds": rounds}, probes)
+
+    def predict_ms(self, features: dict, threads: int, cores: int, probe_ms: float | None = None) -> float:
+        return self.predict_many([(features, threads, cores, probe_ms)])[0]
+
+    def predict_many(self, rows: list[tuple[dict, int, int, float | None]]) -> list[float]:
+        """``(features, threads, cores, probe_ms of the run or None)`` -> milliseconds."""
+        import xgboost as xgb
+
+        x = np.array([vector(f, t, c) for f, t, c, _ in rows])
+        per_work = np.exp(self.booster.predict(xgb.DMatrix(x, feature_names=FEATURES)))
+        return [float(p * work(f) * self._scale(t, probe)) for p, (f, t, _, probe) in zip(per_work, rows)]
+
+    def timing(self, features: dict, threads: int, device_class, probe_ms: float | None = None) -> CpuTiming:
+        ms = round(self.predict_ms(features, threads, device_class.cores, probe_ms), 5)
+        return CpuTiming(threads=threads, source="predicted", median_ms=ms, mean_ms=ms, p90_ms=ms, mad_ms=0.0)
+
+    def save(self, path: str | Path) -> None:
+        raw = self.booster.save_raw(raw_format="json").decode()
+        write_json_atomic(path, {"format": FORMAT, "features": FEATURES, "trained_on": self.trained_on,
+                                 "params": self.params, "probe_ms": self.probe_ms,
+                                 "target": "log(ms / probe_ms / (macs + activation_bytes + 1))",
+                                 "booster": json.loads(raw)})
+
+    @classmethod
+    def load(cls, path: str | Path) -> Predictor:
+        import xgboost as xgb
+
+        path = Path(path)
+        if not path.is_file():
+            raise ProfileError(f"{path}: no such predictor file (train one with `edgeplan profile train`)")
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT or data.get("features") != FEATURES:
+            raise ProfileError(f"{path}: a predictor of another format or feature set "
+                               f"({data.get('format')!r}); retrain it with this edgeplan")
+        booster = xgb.Booster()
+        booster.load_model(bytearray(json.dumps(data["booster"]).encode()))
+        return cls(booster, data["trained_on"], data["params"], data.get("probe_ms", {}))
+
+
+def mape(predicted: list[float], measured: list[float]) -> float:
+    return float(np.mean([abs(p - m) / m for p, m in zip(predicted, measured)]))

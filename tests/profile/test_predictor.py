@@ -1,0 +1,81 @@
+"""The XGBoost latency predictor: trained on real measured profiles, saved and loaded, used by the pipeline
+to fill the suffixes it did not measure (marked `predicted`)."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from edgeplan.errors import ProfileError
+from edgeplan.pipeline import params as params_mod
+from edgeplan.profile import cpu, fleet, run
+from edgeplan.profile.predictor import Predictor, examples
+
+SETTINGS = cpu.Settings(repeats=20, span_s=0.5, budget_s=2)
+
+
+@pytest.fixture(scope="module")
+def trained(compiled, tmp_path_factory):
+    profiles = []
+    for name in ("tiny_cnn", "light_squeezenet"):
+        root, _, _ = compiled(name)
+        d = tmp_path_factory.mktemp(name) / "1"
+        shutil.copytree(root, d)
+        dc = fleet.load(params_mod.DEFAULTS).device_class("coral-usb-emulated")
+        profiles.append(run.profile(d, dc, SETTINGS, cpu_prefixes=True))
+    return profiles, Predictor.train(examples(profiles), rounds=100)
+
+
+def test_round_trip(trained, tmp_path):
+    profiles, model = trained
+    model.save(tmp_path / "p.json")
+    again = Predictor.load(tmp_path / "p.json")
+    rows = [(e.features, e.threads, e.cores, e.probe_ms) for e in examples(profiles)]
+    assert again.predict_many(rows) == pytest.approx(model.predict_many(rows), rel=1e-6)
+    assert again.trained_on == ["light_squeezenet/1", "tiny_cnn/1"]
+
+
+def test_fits_its_training_data(trained):
+    profiles, model = trained
+    data = examples(profiles)
+    pred = model.predict_many([(e.features, e.threads, e.cores, e.probe_ms) for e in data])
+    big = [(p, e.ms) for p, e in zip(pred, data) if e.ms >= 0.5]
+    assert big and all(abs(p / m - 1) < 0.5 for p, m in big)
+
+
+def test_prediction_scales_with_the_runs_probe(trained):
+    """A run on a machine twice as slow (its probe twice as long) gets predictions twice as long."""
+    profiles, model = trained
+    f = profiles[1].segment(0, "suffix").features
+    base = model.predict_ms(f, 1, 2, probe_ms=2.0)
+    assert model.predict_ms(f, 1, 2, probe_ms=4.0) == pytest.approx(2 * base)
+    assert model.predict_ms(f, 1, 2) == pytest.approx(base * model.probe_ms["1"] / 2.0)
+
+
+def test_sample_and_predict(trained, compiled, tmp_path):
+    profiles, model = trained
+    root, _, _ = compiled("light_squeezenet")
+    d = tmp_path / "sq" / "1"
+    shutil.copytree(root, d)
+    dc = fleet.load(params_mod.DEFAULTS).device_class("coral-usb-emulated")
+    prof = run.profile(d, dc, SETTINGS, predictor=model, sample=3)
+    sources = {s.point: {t.source for t in s.cpu} for s in prof.segments if s.role == "suffix"}
+    measured = {k for k, v in sources.items() if v == {"measured"}}
+    assert measured == run.sample_points(sorted(sources), 3)
+    assert all(v == {"predicted"} for k, v in sources.items() if k not in measured)
+    rows = {r["point"]: r for r in prof.summary()}
+    assert rows[1]["cpu_source"] in ("predicted", "measured")
+    assert any(r["source"] == "predicted" for r in rows.values())
+
+
+def test_bad_predictor_file(tmp_path):
+    (tmp_path / "p.json").write_text('{"format": "something-else"}')
+    with pytest.raises(ProfileError, match="another format"):
+        Predictor.load(tmp_path / "p.json")
+    with pytest.raises(ProfileError, match="no such predictor"):
+        Predictor.load(tmp_path / "nope.json")
+
+
+def test_too_little_data():
+    with pytest.raises(ProfileError, match="at least 8"):
+        Predictor.train([])
