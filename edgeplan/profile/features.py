@@ -85,13 +85,15 @@ def segment_features(graph: TfliteGraph) -> dict:
             shape_sums["log2_cin"] += m * math.log2(max(1, cin))
             shape_sums["log2_cout"] += m * math.log2(max(1, cout))
             shape_sums["log2_hw"] += m * math.log2(max(1, hw))
+            shape_sums["log2_in_bytes"] += m * math.log2(max(1, sum(_nbytes(graph, x) for x in graph.activations(op))))
+            shape_sums["log2_out_bytes"] += m * math.log2(max(1, sum(_nbytes(graph, o) for o in op.outputs)))
     ins, outs = io_bytes(graph)
     total = sum(macs[f] for f in FAMILY_NAMES)
     feats = {"macs": int(total), "ops": len(graph.ops), "param_bytes": int(graph.param_bytes()),
              "input_bytes": ins, "output_bytes": outs, "activation_bytes": int(sum(act.values()))}
     for kind in CONV_KINDS:
         feats[f"macs_kind_{kind}"] = int(macs[f"kind_{kind}"])
-    for key in ("log2_cin", "log2_cout", "log2_hw"):
+    for key in ("log2_cin", "log2_cout", "log2_hw", "log2_in_bytes", "log2_out_bytes"):
         feats[f"wavg_{key}"] = shape_sums[key] / total if total else 0.0
     for fam in FAMILY_NAMES:
         feats[f"macs_{fam}"] = int(macs[fam])

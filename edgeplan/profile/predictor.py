@@ -50,14 +50,15 @@ def vector(f: dict, threads: int, cores: int) -> list[float]:
     v += [f[f"ops_{fam}"] / ops for fam in FAMILY_NAMES]
     v += [f[f"act_{fam}"] / (f["activation_bytes"] + 1.0) for fam in FAMILY_NAMES]
     v += [f[f"macs_kind_{kind}"] / macs for kind in CONV_KINDS]
-    v += [f["wavg_log2_cin"], f["wavg_log2_cout"], f["wavg_log2_hw"]]
+    v += [f["wavg_log2_cin"], f["wavg_log2_cout"], f["wavg_log2_hw"], f.get("wavg_log2_in_bytes", 0.0),
+          f.get("wavg_log2_out_bytes", 0.0)]
     return v
 
 
 FEATURES = (["log10_work", "log10_macs", "act_share", "param_bytes_per_mac", "ops_per_mwork", "threads", "cores"]
             + [f"mac_share_{fam}" for fam in FAMILY_NAMES] + [f"op_share_{fam}" for fam in FAMILY_NAMES]
             + [f"act_share_{fam}" for fam in FAMILY_NAMES] + [f"mac_share_{kind}" for kind in CONV_KINDS]
-            + ["wavg_log2_cin", "wavg_log2_cout", "wavg_log2_hw"])
+            + ["wavg_log2_cin", "wavg_log2_cout", "wavg_log2_hw", "wavg_log2_in_bytes", "wavg_log2_out_bytes"])
 
 
 @dataclass(frozen=True)
