@@ -7,8 +7,10 @@ Keys:
 - emulator_whole_model_ms: for each Keras architecture, tpu_ms of point P (the whole model on the EMULATED
   Edge TPU) beside the whole model's CPU latency MEASURED here (1 and 2 threads).
 - cpu_repeatability_max_rel_diff: two profiling passes of the same segments in one run (ResNet50V2 and
-  EfficientNetB0); the largest |B/A - 1| of the per-segment medians over segments of 1 ms or more (the median
-  over those segments is reported beside it). Real execution.
+  EfficientNetB0); the largest |B/A - 1| of the per-segment medians, as the profiles report them (at the
+  device class's reference speed, through the speed probe timed in the same rounds), over segments of
+  1 ms or more; the median over those segments, and the same figures on the raw (unscaled) times, beside
+  it. Real execution.
 - predictor_mape_heldout: the XGBoost predictor trained on the measured segments (prefixes and suffixes,
   1 and 2 threads) of MobileNetV2, ResNet50V2, DenseNet201 and Xception, evaluated on those of InceptionV3
   and EfficientNetB0 against real measurements; the suffix-only figure (what the pipeline predicts) beside it.
@@ -62,14 +64,17 @@ def compile_models(work: Path, sizes: dict[str, int]) -> Path:
     return work / "artifacts"
 
 
-def profile(root: Path, span_s: float) -> tuple[Profile, float]:
+def profile(root: Path, span_s: float, keep: Path | None = None) -> tuple[Profile, float]:
     t0 = time.perf_counter()
     proc = subprocess.run([*EDGEPLAN, "profile", "run", str(root), "--device-class", CLASS, "--cpu-prefixes",
                            "--span-s", str(span_s)], capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"profile run {root} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return Profile.load(root / "profiles" / f"{CLASS}.json"), seconds
+    path = root / "profiles" / f"{CLASS}.json"
+    if keep is not None:
+        keep.write_bytes(path.read_bytes())
+    return Profile.load(path), seconds
 
 
 def repeatability(a: Profile, b: Profile, floor_ms: float = 1.0) -> list[dict]:
@@ -79,7 +84,9 @@ def repeatability(a: Profile, b: Profile, floor_ms: float = 1.0) -> list[dict]:
             u = b.segment(s.point, s.role).cpu_timing(t.threads)
             if t.median_ms >= floor_ms and u is not None:
                 rows.append({"model": a.model, "point": s.point, "role": s.role, "threads": t.threads,
-                             "a_ms": t.median_ms, "b_ms": u.median_ms, "rel_diff": u.median_ms / t.median_ms - 1})
+                             "a_ms": t.median_ms, "b_ms": u.median_ms, "rel_diff": u.median_ms / t.median_ms - 1,
+                             "a_raw_ms": t.median_ms / t.scale, "b_raw_ms": u.median_ms / u.scale,
+                             "raw_rel_diff": (u.median_ms / u.scale) / (t.median_ms / t.scale) - 1})
     return rows
 
 
@@ -102,16 +109,19 @@ def main() -> int:
 
     profiles: dict[str, Profile] = {}
     seconds: dict[str, float] = {}
+    kept = Path(tempfile.mkdtemp(prefix="edgeplan-bench-profiles-"))
     for arch in TRAIN + HELD_OUT:
         print(f"[bench] profiling {arch} ...", flush=True)
-        profiles[arch], seconds[arch] = profile(arts / arch / "1", span)
+        profiles[arch], seconds[arch] = profile(arts / arch / "1", span, kept / f"{arch}.json")
     second = {}
     for arch in REPEAT:
         print(f"[bench] profiling {arch} again ...", flush=True)
         second[arch], _ = profile(arts / arch / "1", span)
     rep = [r for arch in REPEAT for r in repeatability(profiles[arch], second[arch])]
     rel = [abs(r["rel_diff"]) for r in rep]
-
+    raw = [abs(r["raw_rel_diff"]) for r in rep]
+    probes = {f"{arch} pass {i}": {str(t.threads): t.median_ms for t in p.probe}
+              for arch in REPEAT for i, p in ((1, profiles[arch]), (2, second[arch]))}
     whole = {}
     for arch, p in profiles.items():
         last = p.segment(p.last_point, "prefix").tpu
@@ -145,7 +155,10 @@ def main() -> int:
             "profile_resnet50v2_seconds": "real execution (wall time; TPU side EMULATED)",
         },
         "emulator_fitted": fitted,
-        "cpu_repeatability": {"median_abs_rel_diff": float(np.median(rel)) if rel else None, "segments": rep},
+        "cpu_repeatability": {"median_abs_rel_diff": float(np.median(rel)) if rel else None,
+                              "raw_max_abs_rel_diff": max(raw) if raw else None,
+                              "raw_median_abs_rel_diff": float(np.median(raw)) if raw else None,
+                              "probe_ms_per_pass": probes, "segments": rep},
         "predictor": {"train": TRAIN, "held_out": HELD_OUT, "timings_train": len(examples([profiles[a] for a in TRAIN])),
                       "timings_held_out": len(test), "mape_suffixes_only": mape(*zip(*suffix)) if suffix else None,
                       "mape_per_model": per_model,

@@ -248,6 +248,11 @@ def print_profile(prof) -> None:
         t.add_row(str(r["point"]), fmt(r["tpu_ms"]), *(fmt(r["cpu_ms"].get(str(n))) for n in prof.threads),
                   f"tpu {r['tpu_source'] or '-'} / cpu {r['cpu_source'] or '-'}", status)
     console.print(t)
+    scales = sorted({round(t.scale, 3) for s in prof.segments for t in s.cpu if t.source == "measured"})
+    if prof.probe and scales != [1.0]:
+        console.print("CPU times at the class's reference speed: speed probe "
+                      + ", ".join(f"k={t.threads} {t.median_ms:.2f} ms" for t in prof.probe)
+                      + f" in this run (scale {min(scales):.3f}" + (f"..{max(scales):.3f})" if len(scales) > 1 else ")"))
     if prof.tpu_model:
         m = prof.tpu_model
         console.print(f"emulated Edge TPU: efficiency {m['efficiency']:.3f} of {m['peak_macs_per_s'] / 1e12:g}e12 MAC/s, "

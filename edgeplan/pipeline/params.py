@@ -40,6 +40,7 @@ DEFAULTS: dict = {
                 "cpu": "measured",
                 "cores": None,
                 "ram_bytes": 8 * 1024**3,
+                "cpu_probe_ms": {1: 5.0, 2: 2.8},
                 "accelerator": {"kind": "edgetpu-usb-emulated", "onchip_param_bytes": 8 * 1024 * 1024,
                                 "link_bytes_per_s": 5.0e8, "calibration_host": "desktop"},
             },

@@ -49,6 +49,9 @@ class DeviceClass:
     cores: int
     ram_bytes: int
     accelerator: Accelerator
+    # The speed probe's time (ms) per thread count on this class at its reference speed: measured CPU
+    # times are scaled by reference / the run's probe. None: raw times.
+    cpu_probe_ms: dict[int, float] | None = None
 
     @property
     def threads(self) -> tuple[int, ...]:
@@ -129,7 +132,7 @@ def _accelerator(d, where: str) -> Accelerator:
 def _device_class(name: str, d, where: str) -> DeviceClass:
     if not isinstance(d, dict):
         raise RegistryError(f"{where}: expected a mapping")
-    _unknown(d, {"cpu", "cores", "ram_bytes", "accelerator"}, where)
+    _unknown(d, {"cpu", "cores", "ram_bytes", "accelerator", "cpu_probe_ms"}, where)
     cpu = _get(d, "cpu", where, str)
     if cpu not in CPU_SOURCES:
         raise RegistryError(f"{where}.cpu: {cpu!r} is not one of {', '.join(CPU_SOURCES)}")
@@ -138,8 +141,16 @@ def _device_class(name: str, d, where: str) -> DeviceClass:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if cores < 1:
         raise RegistryError(f"{where}.cores: must be at least 1")
+    probe = _get(d, "cpu_probe_ms", where, dict, required=False)
+    if probe is not None:
+        try:
+            probe = {int(k): float(v) for k, v in probe.items()}
+        except (TypeError, ValueError):
+            raise RegistryError(f"{where}.cpu_probe_ms: expected thread count -> milliseconds, got {probe!r}") from None
+        if any(v <= 0 for v in probe.values()):
+            raise RegistryError(f"{where}.cpu_probe_ms: times must be positive")
     return DeviceClass(name, cpu, cores, _get(d, "ram_bytes", where, int),
-                       _accelerator(d.get("accelerator", {"kind": "none"}), f"{where}.accelerator"))
+                       _accelerator(d.get("accelerator", {"kind": "none"}), f"{where}.accelerator"), probe)
 
 
 def load(params: dict, deployments: set[str] | None = None) -> Fleet:

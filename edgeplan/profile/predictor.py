@@ -70,7 +70,7 @@ class Example:
     cores: int
     features: dict
     ms: float
-    probe_ms: float | None = None  # the speed probe of the run that measured ``ms``
+    probe_ms: float | None = None  # the speed probe at the speed ``ms`` is expressed at (raw probe x scale)
 
 
 def examples(profiles: list[Profile], cores: int | None = None) -> list[Example]:
@@ -82,8 +82,9 @@ def examples(profiles: list[Profile], cores: int | None = None) -> list[Example]
                 continue
             for t in s.cpu:
                 if t.source == "measured" and t.median_ms > 0:
+                    probe = p.probe_ms(t.threads)
                     out.append(Example(p.model, s.point, s.role, t.threads, cores or p.host.cores, s.features,
-                                       t.median_ms, p.probe_ms(t.threads)))
+                                       t.median_ms, probe * t.scale if probe else None))
     return out
 
 

@@ -108,15 +108,16 @@ def profile(root: Path, device_class: DeviceClass, settings: cpu_mod.Settings, p
             found, probe_m = profiler.measure_many([str(segs[i].path) for i in to_measure], threads, progress)
         if probe_m is not None:
             probe = tuple(CpuTiming.from_samples(n, v) for n, v in sorted(probe_m.samples_ms.items()))
+        scale = {n: _scale(device_class, probe, n) for n in threads}
         for i, m in zip(to_measure, found):
             if m.status != "ok":
                 log.warning("%s", m.error)
-            cpu = tuple(CpuTiming.from_samples(n, m.samples_ms[n]) for n in threads if n in m.samples_ms)
+            cpu = tuple(CpuTiming.from_samples(n, m.samples_ms[n], scale=scale[n]) for n in threads if n in m.samples_ms)
             results[i] = replace(results[i], status=m.status, error=m.error, cpu=cpu)
     for i, (seg, r) in enumerate(zip(segs, results)):
         if r.status == "ok" and seg.role == "suffix" and seg.point not in measured_points:
             results[i] = replace(r, cpu=tuple(
-                predictor.timing(r.features, n, device_class, _probe_ms(probe, n)) for n in threads))
+                predictor.timing(r.features, n, device_class, _reference(device_class, probe, n)) for n in threads))
     prof = Profile(
         device_class=device_class.name,
         model=f"{info.name}/{info.version}",
@@ -138,6 +139,17 @@ def profile(root: Path, device_class: DeviceClass, settings: cpu_mod.Settings, p
 
 def _probe_ms(probe: tuple[CpuTiming, ...], threads: int) -> float | None:
     return next((t.median_ms for t in probe if t.threads == threads), None)
+
+
+def _reference(device_class: DeviceClass, probe: tuple[CpuTiming, ...], threads: int) -> float | None:
+    """The probe time the profile's CPU figures are expressed at: the class's reference, else this run's."""
+    ref = (device_class.cpu_probe_ms or {}).get(threads)
+    return ref if ref is not None else _probe_ms(probe, threads)
+
+
+def _scale(device_class: DeviceClass, probe: tuple[CpuTiming, ...], threads: int) -> float:
+    ref, run = (device_class.cpu_probe_ms or {}).get(threads), _probe_ms(probe, threads)
+    return ref / run if ref and run else 1.0
 
 
 def _static(seg: Segment, root: Path, tpu) -> SegmentProfile:

@@ -43,7 +43,11 @@ class Host:
 
 @dataclass(frozen=True)
 class CpuTiming:
-    """One segment on the CPU with ``threads`` interpreter threads per request."""
+    """One segment on the CPU with ``threads`` interpreter threads per request.
+
+    ``scale`` is the factor the raw samples were multiplied by to bring them to the device class's reference
+    speed (reference probe / this run's probe; 1 when the class sets no reference): every figure here,
+    samples included, is at that speed, so profiles taken at different times compare."""
 
     threads: int
     source: str
@@ -52,9 +56,12 @@ class CpuTiming:
     p90_ms: float
     mad_ms: float  # median absolute deviation
     samples_ms: tuple[float, ...] = ()
+    scale: float = 1.0
 
     @classmethod
-    def from_samples(cls, threads: int, samples_ms: list[float], source: str = "measured") -> CpuTiming:
+    def from_samples(cls, threads: int, samples_ms: list[float], source: str = "measured",
+                     scale: float = 1.0) -> CpuTiming:
+        samples_ms = [x * scale for x in samples_ms]
         s = sorted(samples_ms)
         med = statistics.median(s)
         return cls(
@@ -65,6 +72,7 @@ class CpuTiming:
             p90_ms=s[min(len(s) - 1, round(0.9 * (len(s) - 1)))],
             mad_ms=statistics.median(abs(x - med) for x in s),
             samples_ms=tuple(round(x, 5) for x in samples_ms),
+            scale=scale,
         )
 
 
@@ -127,9 +135,10 @@ class Profile(_Record):
     settings: dict = field(default_factory=dict)  # warm-up, repeats, budgets, timeouts
     tpu_model: dict = field(default_factory=dict)  # the emulated Edge TPU's constants and fitted values
     segments: tuple[SegmentProfile, ...] = ()
-    probe: tuple[CpuTiming, ...] = ()  # the speed probe, timed in the same rounds as the segments
+    probe: tuple[CpuTiming, ...] = ()  # the speed probe, timed in the same rounds as the segments (raw)
 
     def probe_ms(self, threads: int = 1) -> float | None:
+        """The probe's median in this run, raw (the machine's speed while the segments were timed)."""
         t = next((t for t in self.probe if t.threads == threads), None)
         return None if t is None else t.median_ms
     schema_version: int = 1

@@ -35,6 +35,8 @@ def _with(mutate):
     (lambda f: f["device_classes"]["coral-usb-emulated"].update(colour="red"), r"unknown key\(s\) colour"),
     (lambda f: f["devices"].append(dict(f["devices"][0])), r"devices\[1\].id: 'edge-0001' appears twice"),
     (lambda f: f["devices"][0].pop("work_pool"), r"devices\[0\].work_pool: missing"),
+    (lambda f: f["device_classes"]["coral-usb-emulated"].update(cpu_probe_ms={1: -2}), r"cpu_probe_ms: times must be positive"),
+    (lambda f: f["device_classes"]["coral-usb-emulated"].update(cpu_probe_ms={"one": 2}), r"cpu_probe_ms: expected thread count"),
 ])
 def test_mistakes_are_named(mutate, message):
     with pytest.raises(RegistryError, match=message):

@@ -48,6 +48,11 @@ def test_every_point_profiled(profiled):
             assert t.tpu_ms == pytest.approx(t.tpu_compute_ms + t.io_ms, abs=1e-4)
             assert t.load_ms == pytest.approx(1e3 * t.onchip_param_bytes / 5e8, abs=1e-4)
     assert prof.probe and prof.probe_ms(1) > 0
+    # measured times are brought to the class's reference speed through the probe timed beside them
+    ref = params_mod.DEFAULTS["fleet"]["device_classes"]["coral-usb-emulated"]["cpu_probe_ms"]
+    for s in prof.segments:
+        for t in s.cpu:
+            assert t.scale == pytest.approx(ref[t.threads] / prof.probe_ms(t.threads))
     assert prof.tpu_model["calibration"]["hosts"] == ["desktop"]
 
 
