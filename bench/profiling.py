@@ -13,7 +13,8 @@ Keys:
   it. Real execution.
 - predictor_mape_heldout: the XGBoost predictor trained on the measured segments (prefixes and suffixes,
   1 and 2 threads) of MobileNetV2, ResNet50V2, DenseNet201 and Xception, evaluated on those of InceptionV3
-  and EfficientNetB0 against real measurements; the suffix-only figure (what the pipeline predicts) beside it.
+  and EfficientNetB0 against real measurements; beside it the suffix-only figure (what the pipeline
+  predicts), per model, per thread count, and leave-one-out among the four training models.
 - profile_resnet50v2_seconds: wall time of `edgeplan profile run` on ResNet50V2 (max_points 8, k = 1, 2).
 
 `--artifacts DIR` reuses compiled models (DIR/<Arch>/1); otherwise they are compiled here (about 30 minutes
@@ -132,6 +133,12 @@ def main() -> int:
                        "cpu_ms_measured": {str(t.threads): t.median_ms for t in full.cpu}}
 
     print("[bench] predictor ...", flush=True)
+    lomo = {}
+    for held in TRAIN:  # leave one training model out: how the predictor fares on an unseen architecture
+        m = Predictor.train(examples([profiles[a] for a in TRAIN if a != held]))
+        rows = examples([profiles[held]])
+        lomo[held] = mape(m.predict_many([(e.features, e.threads, e.cores, e.probe_ms) for e in rows]),
+                          [e.ms for e in rows])
     model = Predictor.train(examples([profiles[a] for a in TRAIN]))
     test = examples([profiles[a] for a in HELD_OUT])
     pred = model.predict_many([(e.features, e.threads, e.cores, e.probe_ms) for e in test])
@@ -162,6 +169,10 @@ def main() -> int:
         "predictor": {"train": TRAIN, "held_out": HELD_OUT, "timings_train": len(examples([profiles[a] for a in TRAIN])),
                       "timings_held_out": len(test), "mape_suffixes_only": mape(*zip(*suffix)) if suffix else None,
                       "mape_per_model": per_model,
+                      "mape_per_threads": {str(n): mape([p for p, e in zip(pred, test) if e.threads == n],
+                                                         [e.ms for e in test if e.threads == n])
+                                           for n in sorted({e.threads for e in test})},
+                      "leave_one_training_model_out_mape": lomo,
                       "points": [{"model": e.model, "point": e.point, "role": e.role, "threads": e.threads,
                                   "measured_ms": e.ms, "predicted_ms": p} for p, e in zip(pred, test)]},
         "profile_seconds": seconds,
