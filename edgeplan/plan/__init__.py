@@ -1,0 +1,1 @@
+"""Planners: SwapLess (analytic model, allocators) and the discrete-event simulator."""

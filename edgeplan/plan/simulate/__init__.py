@@ -1,0 +1,1 @@
+"""The discrete-event simulator that judges the analytic models."""

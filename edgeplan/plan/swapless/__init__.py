@@ -1,0 +1,1 @@
+"""SwapLess (numpy and the standard library only): instances, the analytic model, the allocators."""

@@ -1,0 +1,212 @@
+"""The SwapLess analytic latency model, two variants behind one function (``evaluate``).
+
+``paper`` — exactly SwapLess §III-B, eqs. (1)-(10):
+  the TPU is one M/G/1 FCFS queue (Pollaczek-Khinchine) whose service time mixes every model's prefix with
+  its inter-model reload, weighted by the weight-miss probability alpha of eq. (10); each model's CPU suffix
+  is M/D/k_i by eq. (3) (k cores treated as one server k times faster); transfers d/B sit outside the queue.
+
+``refined`` (default) — the same structure with the coarse parts replaced:
+  - the accelerator is busy while the input and output cross the link, so d/B is part of its service time;
+  - alpha is the probability that, between two requests of a model, the distinct other models requested in
+    between no longer fit in the cache beside it (LRU by model, independent request order; exact for that
+    mechanism) instead of the upper bound 1 - lambda_i / lambda_TPU;
+  - the CPU pool is M/D/k by the Erlang C formula with Cosmetatos' correction for deterministic service,
+    not one server k times faster;
+  - a suffix fed by the TPU does not see Poisson arrivals: the TPU's departures are smoother, so the pool's
+    wait is scaled by the arrival SCV from the QNA departure and splitting formulas (Whitt 1983).
+
+A configuration with a utilisation >= 1 anywhere is infeasible: its latency is infinite, never negative.
+Standard library only (the device runtime runs the allocator online).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import combinations
+
+from edgeplan.plan.swapless.instance import Config, Evaluation, Instance
+
+VARIANTS = ("paper", "refined")
+INF = math.inf
+
+
+def footprint_total(inst: Instance, points) -> int:
+    """W(P): the aggregate on-chip footprint of the prefixes (eq. (10))."""
+    return sum(m.footprint[p] for m, p in zip(inst.models, points))
+
+
+def alpha_paper(inst: Instance, points) -> list[float]:
+    """Eq. (10): 0 when W(P) <= C or a single model is on the TPU, else 1 - lambda_i / lambda_TPU."""
+    on_tpu = [i for i, p in enumerate(points) if p > 0]
+    lam_tpu = sum(inst.models[i].rate for i in on_tpu)
+    if footprint_total(inst, points) <= inst.capacity or len(on_tpu) <= 1 or lam_tpu <= 0:
+        return [0.0] * len(points)
+    return [1.0 - m.rate / lam_tpu if p > 0 else 0.0 for m, p in zip(inst.models, points)]
+
+
+def alpha_lru(inst: Instance, points) -> list[float]:
+    """P(model i's cached prefix was evicted since its previous request), LRU by whole model.
+
+    After a request of i, each following TPU request is model j with probability pi_j = lambda_j / lambda_TPU.
+    Model i is evicted before its next request iff the distinct set S of other models requested meanwhile
+    satisfies f_i + sum_{j in S} f_j > C (every model outside S is older than i and goes first). P(the
+    requests in between all lie in T) = pi_i / (1 - pi_T); inclusion-exclusion gives P(exactly S)."""
+    on_tpu = [i for i, p in enumerate(points) if p > 0]
+    lam = sum(inst.models[i].rate for i in on_tpu)
+    out = [0.0] * len(points)
+    if len(on_tpu) <= 1 or lam <= 0:
+        return out
+    cap = inst.capacity
+    foot = {i: min(inst.models[i].footprint[points[i]], cap) for i in on_tpu}
+    pi = {i: inst.models[i].rate / lam for i in on_tpu}
+    for i in on_tpu:
+        if pi[i] <= 0:
+            continue
+        others = [j for j in on_tpu if j != i]
+        subsets = [frozenset(c) for r in range(len(others) + 1) for c in combinations(others, r)]
+        within = {t: pi[i] / (1.0 - sum(pi[j] for j in t)) if sum(pi[j] for j in t) < 1 else 0.0 for t in subsets}
+        miss = 0.0
+        for s in subsets:
+            if foot[i] + sum(foot[j] for j in s) <= cap:
+                continue
+            exact = sum((-1) ** (len(s) - len(t)) * within[t] for t in subsets if t <= s)
+            miss += exact
+        out[i] = min(1.0, max(0.0, miss))
+    return out
+
+
+def erlang_c(c: int, a: float) -> float:
+    """Probability of waiting in M/M/c with offered load a = lambda / mu (< c)."""
+    term, total = 1.0, 1.0
+    for n in range(1, c):
+        term *= a / n
+        total += term
+    last = term * a / c / (1.0 - a / c)
+    return last / (total + last)
+
+
+def wait_mdc(lam: float, s: float, c: int) -> float:
+    """Mean wait of M/D/c (service s): Cosmetatos' correction of half the M/M/c wait."""
+    if lam <= 0 or s <= 0:
+        return 0.0
+    a = lam * s
+    rho = a / c
+    if rho >= 1:
+        return INF
+    w_mmc = erlang_c(c, a) * s / (c - a)
+    correction = 1.0 + (1.0 - rho) * (c - 1) * (math.sqrt(4 + 5 * c) - 2) / (16 * rho * c)
+    return 0.5 * w_mmc * correction
+
+
+def wait_eq3(lam: float, s: float, k: int) -> float:
+    """Eq. (3): E[W] = 1/2 (1/(k mu - lambda) - 1/(k mu))."""
+    if lam <= 0 or s <= 0:
+        return 0.0
+    mu = 1.0 / s
+    if lam >= k * mu:
+        return INF
+    return 0.5 * (1.0 / (k * mu - lam) - 1.0 / (k * mu))
+
+
+@dataclass(frozen=True)
+class TpuState:
+    """What the TPU queue gives every model under a partitioning (eqs. (1), (2), (10))."""
+
+    feasible: bool
+    part: tuple[float, ...]  # per model: transfers + E[W^TPU] + alpha T^Load + s^TPU (0 without a prefix)
+    rho: float
+    lam: float
+    scv_service: float
+
+
+def tpu_state(inst: Instance, points, variant: str = "refined", use_alpha: bool = True) -> TpuState:
+    models = inst.models
+    n = len(models)
+    refined = variant == "refined"
+    alpha = [0.0] * n if not use_alpha else (alpha_lru if refined else alpha_paper)(inst, points)
+    on_tpu = [i for i in range(n) if points[i] > 0]
+    lam_tpu = sum(models[i].rate for i in on_tpu)  # lambda^TPU
+    if lam_tpu <= 0:
+        return TpuState(True, tuple(_prefix_time(models[i], points[i], 0.0, alpha[i]) if points[i] > 0 else 0.0
+                                    for i in range(n)), 0.0, 0.0, 0.0)
+    es = es2 = 0.0
+    for i in on_tpu:
+        m, p = models[i], points[i]
+        base = m.s_tpu[p] + (m.io[p] if refined else 0.0)
+        w = m.rate / lam_tpu
+        es += w * (alpha[i] * m.t_load[p] + base)  # eq. (2)
+        es2 += w * (alpha[i] * (m.t_load[p] + base) ** 2 + (1 - alpha[i]) * base**2)
+    rho = lam_tpu * es
+    if rho >= 1:
+        return TpuState(False, tuple([INF] * n), rho, lam_tpu, 0.0)
+    w_tpu = lam_tpu * es2 / (2 * (1 - rho))  # eq. (1)
+    part = tuple(_prefix_time(models[i], points[i], w_tpu, alpha[i]) if points[i] > 0 else 0.0 for i in range(n))
+    return TpuState(True, part, rho, lam_tpu, es2 / es**2 - 1 if es > 0 else 0.0)
+
+
+def _prefix_time(m, p: int, w_tpu: float, alpha: float) -> float:
+    return m.io[p] + w_tpu + alpha * m.t_load[p] + m.s_tpu[p]  # eq. (4), TPU part
+
+
+def cpu_part(m, p: int, k: int, tpu: TpuState, variant: str = "refined") -> float:
+    """E[W^CPU] + s^CPU of model ``m``'s suffix at point ``p`` on ``k`` cores (eq. (4), CPU part); inf when
+    the pool is unstable or has no core; 0 without a suffix."""
+    if p >= m.last:
+        return 0.0
+    s = m.s_cpu[p]
+    if k < 1 or m.rate * s >= k:
+        return INF
+    if variant == "refined":
+        scv_in = 1.0
+        if p > 0 and tpu.lam > 0:  # QNA: the TPU's departures, then the split to this model
+            scv_dep = tpu.rho**2 * tpu.scv_service + (1 - tpu.rho**2) * 1.0
+            share = m.rate / tpu.lam
+            scv_in = share * scv_dep + (1 - share)
+        return scv_in * wait_mdc(m.rate, s, k) + s
+    return wait_eq3(m.rate, s, k) + s  # eq. (3)
+
+
+def evaluate(inst: Instance, config: Config, variant: str = "refined", use_alpha: bool = True) -> Evaluation:
+    """T^e2e per model (eq. (4)) and the objective (eq. (5)) of ``config``; infinite when unstable.
+
+    ``use_alpha=False`` is the SwapLess (alpha = 0) baseline."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r}: expected one of {', '.join(VARIANTS)}")
+    models = inst.models
+    n = len(models)
+    tpu = tpu_state(inst, config.points, variant, use_alpha)
+    util = {"TPU": tpu.rho} if tpu.lam > 0 else {}
+    if not tpu.feasible:
+        return _infeasible(n, "TPU", util)
+    latency = []
+    for i, m in enumerate(models):
+        p, k = config.points[i], config.cores[i]
+        if p < m.last:
+            util[f"CPU pool of {m.name}"] = m.rate * m.s_cpu[p] / k if k else INF
+        c = cpu_part(m, p, k, tpu, variant)
+        if c == INF:
+            why = "no core for its suffix" if k < 1 else f"utilisation {m.rate * m.s_cpu[p] / k:.2f}"
+            return _infeasible(n, f"CPU pool of {m.name} ({why})", util)
+        latency.append(tpu.part[i] + c)
+    objective = sum(m.rate * t for m, t in zip(models, latency))  # eq. (5)
+    return Evaluation(tuple(latency), objective, True, "", util)
+
+
+def _infeasible(n: int, where: str, util: dict) -> Evaluation:
+    return Evaluation(tuple([INF] * n), INF, False, where, util)
+
+
+def check_config(inst: Instance, config: Config) -> None:
+    """Constraints (6)-(9); raises ValueError naming the first one broken."""
+    if len(config.points) != len(inst.models) or len(config.cores) != len(inst.models):
+        raise ValueError("a point and a core count per model")
+    for m, p, k in zip(inst.models, config.points, config.cores):
+        if not 0 <= p <= m.last:  # (6)
+            raise ValueError(f"{m.name}: point {p} outside 0..{m.last} (6)")
+        if not 0 <= k <= inst.cores:  # (7)
+            raise ValueError(f"{m.name}: {k} cores outside 0..{inst.cores} (7)")
+        has_suffix = p < m.last
+        if not (int(has_suffix) <= k <= inst.cores * int(has_suffix)):  # (8)
+            raise ValueError(f"{m.name}: {k} cores with {'a' if has_suffix else 'no'} CPU suffix (8)")
+    if sum(config.cores) > inst.cores:  # (9)
+        raise ValueError(f"{sum(config.cores)} cores allocated, {inst.cores} available (9)")

@@ -1,0 +1,161 @@
+"""The SwapLess analytic model and allocators: the paper's equations on hand-computed cases, infeasible
+configurations, and the allocators against the exact optimum on generated instances (hypothesis)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgeplan.plan.swapless import allocate, queueing
+from edgeplan.plan.swapless.instance import Config, Instance, ModelSpec
+
+MB = 1 << 20
+
+
+def model(name="m", rate=50.0, P=2, tpu=0.002, cpu=0.01, io=0.0005, load=0.004, foot=3 * MB):
+    """A model whose prefix grows linearly with p and whose suffix shrinks: p=0 all CPU, p=P all TPU."""
+    return ModelSpec(
+        name, rate,
+        tuple(tpu * p for p in range(P + 1)),
+        tuple(io if p else 0.0 for p in range(P + 1)),
+        tuple(load * p / P for p in range(P + 1)),
+        tuple(int(foot * p / P) for p in range(P + 1)),
+        tuple(cpu * (P - p) / P for p in range(P + 1)),
+    )
+
+
+def test_paper_equations_by_hand():
+    m = model(rate=50.0)
+    inst = Instance((m,), 2, 8 * MB)
+    ev = queueing.evaluate(inst, Config((1,), (2,)), "paper")
+    s_tpu, s_cpu, io = 0.002, 0.005, 0.0005
+    w_tpu = 50 * s_tpu**2 / (2 * (1 - 50 * s_tpu))  # eq. (1), alpha = 0 (one model)
+    w_cpu = 0.5 * (1 / (2 / s_cpu - 50) - 1 / (2 / s_cpu))  # eq. (3)
+    assert ev.latency[0] == pytest.approx(io + w_tpu + s_tpu + w_cpu + s_cpu)  # eq. (4): d_in/B + d_out/B = io
+    assert ev.objective == pytest.approx(50 * ev.latency[0])  # eq. (5)
+
+
+def test_alpha_paper_and_lru():
+    a, b = model("a", rate=30.0, foot=6 * MB), model("b", rate=10.0, foot=6 * MB)
+    inst = Instance((a, b), 2, 8 * MB)
+    # eq. (10): W(P) = 12 MB > C: alpha_i = 1 - lambda_i / lambda_TPU
+    assert queueing.alpha_paper(inst, (2, 2)) == pytest.approx([0.25, 0.75])
+    # LRU by model: a is evicted iff a b request came since a's last one: 1 - pi_a, here the same
+    assert queueing.alpha_lru(inst, (2, 2)) == pytest.approx([0.25, 0.75])
+    # both fit: no misses
+    assert queueing.alpha_paper(inst, (1, 1)) == [0.0, 0.0] and queueing.alpha_lru(inst, (1, 1)) == [0.0, 0.0]
+    # three models, any two fit: evicted only when both others came in between (the paper's bound is looser)
+    c = model("c", rate=20.0, foot=6 * MB)
+    three = Instance((a, b, c), 2, 13 * MB)
+    lru = queueing.alpha_lru(three, (1, 1, 1))
+    assert all(x == 0 for x in lru)  # 3 MB each at p=1: all fit
+    lru = queueing.alpha_lru(three, (2, 2, 2))
+    paper = queueing.alpha_paper(three, (2, 2, 2))
+    pa, pb, pc = 0.5, 1 / 6, 1 / 3
+    # a evicted iff both b and c appear before the next a: 1 - pa/(1-pb) - pa/(1-pc) + pa
+    assert lru[0] == pytest.approx(1 - pa / (1 - pb) - pa / (1 - pc) + pa)
+    assert all(x <= y + 1e-12 for x, y in zip(lru, paper))
+
+
+def test_unstable_is_infinite_and_names_the_bottleneck():
+    m = model(rate=300.0, tpu=0.002, cpu=0.01)
+    inst = Instance((m,), 1, 8 * MB)
+    ev = queueing.evaluate(inst, Config((0,), (1,)))
+    assert not ev.feasible and math.isinf(ev.objective) and ev.bottleneck.startswith("CPU pool of m")
+    ev = queueing.evaluate(inst, Config((2,), (0,)))  # 300/s x 4 ms on the TPU: rho = 1.2
+    assert not ev.feasible and ev.bottleneck == "TPU" and all(math.isinf(t) for t in ev.latency)
+
+
+def test_mdc_refined_against_exact_md1():
+    # c = 1: Cosmetatos' correction vanishes and M/D/1 is exact (P-K)
+    lam, s = 60.0, 0.01
+    assert queueing.wait_mdc(lam, s, 1) == pytest.approx(lam * s * s / (2 * (1 - lam * s)))
+    # eq. (3) with k = 1 is M/D/1 too
+    assert queueing.wait_eq3(lam, s, 1) == pytest.approx(lam * s * s / (2 * (1 - lam * s)))
+
+
+def test_check_config_constraints():
+    inst = Instance((model("a"), model("b")), 2, 8 * MB)
+    queueing.check_config(inst, Config((0, 2), (2, 0)))
+    with pytest.raises(ValueError, match=r"\(8\)"):
+        queueing.check_config(inst, Config((0, 2), (1, 1)))
+    with pytest.raises(ValueError, match=r"\(9\)"):
+        queueing.check_config(inst, Config((0, 0), (2, 1)))
+    with pytest.raises(ValueError, match=r"\(6\)"):
+        queueing.check_config(inst, Config((3, 0), (0, 1)))
+
+
+def test_propalloc():
+    inst = Instance((model("a", rate=10.0), model("b", rate=30.0)), 4, 8 * MB)
+    assert allocate.propalloc(inst, (0, 0)) == (1, 3)
+    assert allocate.propalloc(inst, (2, 0)) == (0, 4)
+    assert allocate.propalloc(Instance(inst.models, 1, 8 * MB), (0, 0)) is None
+
+
+def test_more_models_than_cores_is_legal():
+    ms = tuple(model(f"m{i}", rate=20.0, P=4, foot=2 * MB) for i in range(3))
+    inst = Instance(ms, 1, 8 * MB)
+    paper = allocate.greedy(inst)
+    # Algorithm 1 is stuck: every move of one or two layers leaves three suffixes for one core
+    assert paper.config is None
+    ref = allocate.refined(inst)
+    opt = allocate.exact(inst)
+    assert ref.config is not None and opt.config is not None
+    queueing.check_config(inst, ref.config)
+    assert sum(p == m.last for p, m in zip(ref.config.points, ms)) >= 1
+
+
+@st.composite
+def instances(draw):
+    n = draw(st.integers(1, 3))
+    cores = draw(st.integers(1, 3))
+    ms = []
+    for i in range(n):
+        P = draw(st.integers(1, 4))
+        ms.append(model(f"m{i}", rate=draw(st.floats(5.0, 120.0)), P=P, tpu=draw(st.floats(0.0005, 0.004)),
+                        cpu=draw(st.floats(0.002, 0.03)), foot=draw(st.integers(1, 8)) * MB))
+    return Instance(tuple(ms), cores, 8 * MB)
+
+
+@settings(max_examples=60, deadline=None)
+@given(instances())
+def test_refined_close_to_exact(inst):
+    opt = allocate.exact(inst)
+    ref = allocate.refined(inst)
+    if opt.config is None:
+        assert ref.config is None
+        return
+    assert ref.config is not None  # feasible whenever a feasible allocation exists
+    queueing.check_config(inst, ref.config)
+    assert ref.objective == pytest.approx(queueing.evaluate(inst, ref.config).objective)
+    assert ref.objective >= opt.objective * (1 - 1e-9)
+
+
+def test_refined_mostly_optimal():
+    """Over 150 generated instances (fixed seed): within 2% of the optimum on at least 90% of them."""
+    import random
+
+    rng = random.Random(11)
+    close = total = 0
+    for _ in range(150):
+        n, cores = rng.randint(1, 3), rng.randint(1, 3)
+        inst = Instance(tuple(model(f"m{i}", rate=rng.uniform(5, 120), P=rng.randint(1, 5),
+                                    tpu=rng.uniform(0.0005, 0.004), cpu=rng.uniform(0.002, 0.03),
+                                    foot=rng.randint(1, 8) * MB) for i in range(n)), cores, 8 * MB)
+        opt = allocate.exact(inst)
+        if opt.config is None:
+            continue
+        total += 1
+        close += allocate.refined(inst).objective <= opt.objective * 1.02
+    assert total > 100 and close / total >= 0.9, (close, total)
+
+
+@settings(max_examples=30, deadline=None)
+@given(instances())
+def test_exact_is_a_lower_bound_of_greedy(inst):
+    opt = allocate.exact(inst, "paper")
+    g = allocate.greedy(inst, "paper")
+    if g.config is not None:
+        assert g.objective >= opt.objective * (1 - 1e-9)
