@@ -10,6 +10,7 @@
     edgeplan profile train PROFILE...             fit the XGBoost latency predictor on measured profiles
     edgeplan profile emulator                     the emulated Edge TPU's fitted parameters and errors
     edgeplan fleet                                check and list the fleet registry
+    edgeplan plan swapless --deployment NAME      SwapLess points and cores for a deployment -> plans/swapless.json
 """
 from __future__ import annotations
 
@@ -332,6 +333,29 @@ def cmd_fleet(args, params) -> int:
     return 0
 
 
+def cmd_plan_swapless(args, params) -> int:
+    from edgeplan.pipeline.planning import plan_swapless
+
+    plan, path = plan_swapless(Path(args.out), args.deployment, params, args.variant)
+    label = " (Edge TPU times EMULATED)" if plan.tpu_source == "emulated" else ""
+    t = Table(title=f"SwapLess plan for {plan.deployment} on {plan.device_class}{label}")
+    for col in ("model", "version", "rate /s", "point", "of P", "cores", "predicted latency ms"):
+        t.add_column(col, justify="left" if col in ("model", "version") else "right")
+    for m in plan.models:
+        t.add_row(m.name, m.version, f"{m.rate:g}", str(m.point), str(m.last_point), str(m.cores),
+                  f"{m.predicted_latency_ms:.2f}")
+    console.print(t)
+    console.print(f"mean latency {plan.mean_latency_ms:.2f} ms ({plan.variant} model); baselines: " + ", ".join(
+        f"{k} {v['mean_latency_ms']:.2f} ms" if v["mean_latency_ms"] is not None else f"{k} unstable"
+        for k, v in plan.baselines.items()))
+    console.print(f"{len(plan.regimes)} rate regimes; preload {len(plan.preload)} partitions "
+                  f"({sum(p.bytes for p in plan.preload):,} of {plan.preload_budget_bytes:,} bytes)")
+    for note in plan.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    console.print(f"wrote {path}")
+    return 0
+
+
 def _stages():
     from edgeplan.pipeline import stages
 
@@ -411,6 +435,16 @@ def parser() -> argparse.ArgumentParser:
     pe.set_defaults(func=cmd_profile_emulator)
     sp = sub.add_parser("fleet", help="check the fleet registry in params.yaml and list classes and devices")
     sp.set_defaults(func=cmd_fleet)
+    sp = sub.add_parser("plan", help="execution plans for a deployment")
+    plsub = sp.add_subparsers(dest="plan_cmd", required=True)
+    ps = plsub.add_parser("swapless", help="SwapLess: partition points and CPU cores for every model of a deployment",
+                          description="Reads each model's profiles/<class>.json, plans with the SwapLess analytic model "
+                          "(exact optimum when small, else the refined search), writes <out>/deployments/NAME/plans/"
+                          "swapless.json with a rate-regime table, the partitions to preload and the baselines.")
+    ps.add_argument("--deployment", required=True, help="a deployment of params.yaml")
+    ps.add_argument("--out", default="artifacts", help="artifact root (default: artifacts)")
+    ps.add_argument("--variant", choices=("refined", "paper"), default="refined", help="analytic model (default: refined)")
+    ps.set_defaults(func=cmd_plan_swapless)
     return p
 
 

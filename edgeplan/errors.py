@@ -47,3 +47,7 @@ class RegistryError(EdgeplanError):
 
 class ProfileError(EdgeplanError):
     """Profiling cannot start or its inputs disagree (no segments, profiles of different models, ...)."""
+
+
+class PlanError(EdgeplanError):
+    """No plan can be made: no stable configuration at the given rates, or the deployment is inconsistent."""

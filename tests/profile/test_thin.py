@@ -30,3 +30,25 @@ print("thin")
 def test_profiler_and_emulator_import_without_heavy_packages():
     proc = subprocess.run([sys.executable, "-c", BLOCKER], capture_output=True, text=True, check=False)
     assert proc.returncode == 0 and "thin" in proc.stdout, proc.stderr
+
+
+PLANNER = r'''
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("tensorflow", "onnx", "onnxruntime", "prefect", "ortools", "xgboost", "dvc",
+                                  "keras", "yaml", "rich", "ai_edge_litert"):
+            raise ImportError(f"heavy import blocked: {name}")
+sys.meta_path.insert(0, Block())
+from edgeplan.plan.swapless import allocate, baselines, from_profiles, queueing
+from edgeplan.plan.swapless.instance import Instance, ModelSpec
+m = ModelSpec("m", 20.0, (0.0, 0.002, 0.004), (0.0, 0.0005, 0.0005), (0.0, 0.002, 0.004), (0, 1, 2), (0.01, 0.005, 0.0))
+a = allocate.refined(Instance((m,), 2, 8 << 20))
+assert a.config is not None
+print("thin")
+'''
+
+
+def test_swapless_planner_imports_only_the_standard_library():
+    proc = subprocess.run([sys.executable, "-c", PLANNER], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0 and "thin" in proc.stdout, proc.stderr

@@ -94,17 +94,35 @@ def refined(inst: Instance, variant: str = "refined", use_alpha: bool = True) ->
     n = len(inst.models)
     evals = 0
 
+    tpu_cache: dict[tuple, object] = {}
+    seen: dict[tuple, tuple[float, float]] = {}
+
     def score(points, cores) -> tuple[float, float]:
         """(0, objective) when feasible, else (1, the worst utilisation): infeasible configurations are
-        ranked by how far they are from stability, so the climb first walks towards a feasible one."""
+        ranked by how far they are from stability, so the climb first walks towards a feasible one.
+        The TPU state is computed once per partitioning, each configuration once."""
         nonlocal evals
         if cores is None:
             return (2.0, INF)
+        key = (tuple(points), tuple(cores))
+        if key in seen:
+            return seen[key]
         evals += 1
-        ev = evaluate(inst, Config(tuple(points), tuple(cores)), variant, use_alpha)
-        if ev.feasible:
-            return (0.0, ev.objective)
-        return (1.0, max(ev.utilisation.values(), default=INF))
+        tpu = tpu_cache.get(key[0])
+        if tpu is None:
+            tpu = tpu_cache[key[0]] = tpu_state(inst, key[0], variant, use_alpha)
+        if not tpu.feasible:
+            value = (1.0, tpu.rho)
+        else:
+            total, worst = 0.0, 0.0
+            for m, p, k, part in zip(inst.models, key[0], key[1], tpu.part):
+                c = cpu_part(m, p, k, tpu, variant)
+                if c == INF:
+                    worst = max(worst, m.rate * m.s_cpu[p] / k if k else INF)
+                total += m.rate * (part + c)
+            value = (0.0, total) if worst == 0.0 else (1.0, worst)
+        seen[key] = value
+        return value
 
     lasts = [m.last for m in inst.models]
     starts = [[0] * n, list(lasts)]

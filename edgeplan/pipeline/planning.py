@@ -1,0 +1,70 @@
+"""The plan stage: a deployment of params.yaml -> ``<root>/deployments/<name>/plans/swapless.json``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from edgeplan.errors import PlanError, ProfileError
+from edgeplan.plan.swapless import plan as plan_mod
+from edgeplan.plan.swapless.from_profiles import model_spec
+from edgeplan.plan.swapless.instance import Instance
+from edgeplan.profile import fleet as fleet_mod
+from edgeplan.profile.schema import Profile
+
+PRELOAD_RAM_SHARE = 0.5  # of the device class's RAM, for preloaded partitions
+
+
+def deployment(params: dict, name: str) -> dict:
+    deps = {d["name"]: d for d in params.get("deployments") or []}
+    if name not in deps:
+        raise PlanError(f"deployment {name!r} is not in params.yaml (known: {', '.join(sorted(deps)) or '(none)'})")
+    return deps[name]
+
+
+def resolve_version(root: Path, model: str, version: str) -> str:
+    """``latest`` -> the highest version directory under ``root/model`` (numeric when they are numbers)."""
+    base = Path(root) / model
+    if version != "latest":
+        if not (base / version).is_dir():
+            raise PlanError(f"model {model!r} version {version!r}: no artifacts at {base / version}")
+        return version
+    found = [d.name for d in base.iterdir() if d.is_dir()] if base.is_dir() else []
+    if not found:
+        raise PlanError(f"model {model!r}: no artifacts under {base}; compile it first (`edgeplan compile`)")
+    return max(found, key=lambda v: (0, int(v)) if v.isdigit() else (1, v))
+
+
+def plan_swapless(root: Path, name: str, params: dict, variant: str = "refined") -> tuple[plan_mod.SwapLessPlan, Path]:
+    dep = deployment(params, name)
+    fleet = fleet_mod.load(params, {d["name"] for d in params.get("deployments") or []})
+    dc = fleet.device_class(dep["device_class"])
+    if not dc.accelerator.edgetpu:
+        raise PlanError(f"deployment {name!r}: device class {dc.name!r} has no Edge TPU; SwapLess plans TPU/CPU splits")
+    specs, versions, roots, notes, sources = [], [], [], [], set()
+    for m in dep["models"]:
+        version = resolve_version(root, m["name"], str(m.get("version", "latest")))
+        d = Path(root) / m["name"] / version
+        path = d / "profiles" / f"{dc.name}.json"
+        if not path.is_file():
+            raise ProfileError(f"{path}: missing; run `edgeplan profile run {d} --device-class {dc.name}` first")
+        prof = Profile.load(path)
+        sources |= {s.tpu.source for s in prof.segments if s.tpu is not None}
+        spec = model_spec(m["name"], float(m["rate"]), prof, str(path))
+        unusable = [p for p in range(1, spec.last + 1) if spec.s_tpu[p] == float("inf")]
+        if unusable:
+            notes.append(f"{m['name']}: points {unusable} have ops the Edge TPU does not run; never chosen"
+                         + (" (the model runs wholly on the CPU)" if len(unusable) == spec.last else ""))
+        specs.append(spec)
+        versions.append(version)
+        roots.append(d)
+    inst = Instance(tuple(specs), dc.cores, dc.accelerator.onchip_param_bytes)
+
+    def segment_bytes(i: int, p: int) -> int:
+        seg = roots[i] / "segments" / f"p{p}"
+        files = [seg / "prefix_edgetpu.tflite", seg / "suffix_int8.tflite"]
+        return sum(f.stat().st_size for f in files if f.is_file())
+
+    result = plan_mod.make(name, dc.name, inst, versions, segment_bytes, int(dc.ram_bytes * PRELOAD_RAM_SHARE),
+                           variant, tuple(notes), "emulated" if "emulated" in sources else "measured")
+    out = Path(root) / "deployments" / name / "plans" / "swapless.json"
+    result.save(out)
+    return result, out
