@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgeplan.plan.swapless import allocate, queueing
+from edgeplan.plan.swapless import allocate, baselines, queueing
 from edgeplan.plan.swapless.instance import Config, Instance, ModelSpec
 
 MB = 1 << 20
@@ -159,3 +159,20 @@ def test_exact_is_a_lower_bound_of_greedy(inst):
     g = allocate.greedy(inst, "paper")
     if g.config is not None:
         assert g.objective >= opt.objective * (1 - 1e-9)
+
+
+def test_baselines():
+    # the last block costs the same on the CPU as on the TPU (within 10%): threshold offloads it, not the rest
+    m = ModelSpec("m", 20.0, (0.0, 0.001, 0.002, 0.003), (0.0, 0.0005, 0.0005, 0.0005), (0.0, 0.001, 0.002, 0.003),
+                  (0, MB, 2 * MB, 3 * MB), (0.030, 0.020, 0.00105, 0.0))
+    inst = Instance((m,), 2, 8 * MB)
+    config, objective = baselines.threshold(inst)
+    assert config.points == (2,) and config.cores == (2,) and math.isfinite(objective)
+    config, objective = baselines.compiler_default(inst)
+    assert config.points == (3,) and config.cores == (0,)
+    assert objective == pytest.approx(queueing.evaluate(inst, config).objective)
+    # alpha = 0 plans as if two models that do not fit together never evicted each other
+    a, b = model("a", rate=40.0, foot=6 * MB), model("b", rate=40.0, foot=6 * MB)
+    two = Instance((a, b), 2, 8 * MB)
+    config, objective = baselines.alpha_zero(two)
+    assert objective >= allocate.exact(two).objective - 1e-12
