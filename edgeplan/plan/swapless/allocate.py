@@ -1,11 +1,12 @@
 """Joint partitioning and core allocation (SwapLess §III-C).
 
 - ``propalloc`` and ``greedy`` — PROPALLOC and Algorithm 1 exactly as the paper gives them;
-- ``refined`` — Algorithm 1's speed, without its dead ends: it starts from the best of all-CPU, all-TPU
-  and (with more models than cores, where constraint (8) forces some models wholly onto the TPU) the
-  lightest CPU loads on the TPU, ranks unstable configurations by their worst utilisation so the climb first
-  walks to a stable one, then climbs with moves in both directions (layers to the TPU and back), moves
-  of one core between models, and swaps (a model takes the core of one that moves wholly to the TPU);
+- ``refined`` — without Algorithm 1's dead ends: a climb over partitionings in both directions (one or two
+  layers to the TPU or back, or a model wholly to one side), each partitioning scored with its best core
+  allocation (a DP over cores: with more models than cores, constraint (8) simply forces some suffixes
+  away), unstable partitionings ranked by their distance to stability so the climb first reaches a stable
+  one; started from all-CPU, all-TPU, every model at its middle point, and each model alone on the CPU
+  (or alone on the TPU);
 - ``exact`` — the optimum, as oracle: for each partitioning the objective separates into the TPU part
   (fixed by the partitioning) and per-model CPU parts, so the cores are placed by a small dynamic program.
 
@@ -90,136 +91,77 @@ def greedy(inst: Instance, variant: str = "paper", use_alpha: bool = True) -> Al
 
 
 def refined(inst: Instance, variant: str = "refined", use_alpha: bool = True) -> Allocation:
-    """Feasibility first, then steepest descent over point moves (+-1, +-2) and single-core moves."""
+    """Steepest descent over partitionings, each scored with its best core allocation (a DP over cores),
+    from several starts; unstable partitionings are ranked by how far they are from stability, so a climb
+    first walks to a stable one."""
     n = len(inst.models)
-    evals = 0
-
-    tpu_cache: dict[tuple, object] = {}
-    seen: dict[tuple, tuple[float, float]] = {}
-
-    def score(points, cores) -> tuple[float, float]:
-        """(0, objective) when feasible, else (1, the worst utilisation): infeasible configurations are
-        ranked by how far they are from stability, so the climb first walks towards a feasible one.
-        The TPU state is computed once per partitioning, each configuration once."""
-        nonlocal evals
-        if cores is None:
-            return (2.0, INF)
-        key = (tuple(points), tuple(cores))
-        if key in seen:
-            return seen[key]
-        evals += 1
-        tpu = tpu_cache.get(key[0])
-        if tpu is None:
-            tpu = tpu_cache[key[0]] = tpu_state(inst, key[0], variant, use_alpha)
-        if not tpu.feasible:
-            value = (1.0, tpu.rho)
-        else:
-            total, worst = 0.0, 0.0
-            for m, p, k, part in zip(inst.models, key[0], key[1], tpu.part):
-                c = cpu_part(m, p, k, tpu, variant)
-                if c == INF:
-                    worst = max(worst, m.rate * m.s_cpu[p] / k if k else INF)
-                total += m.rate * (part + c)
-            value = (0.0, total) if worst == 0.0 else (1.0, worst)
-        seen[key] = value
-        return value
-
     lasts = [m.last for m in inst.models]
-    starts = [[0] * n, list(lasts)]
-    if n > inst.cores:  # (8) forces some models wholly onto the TPU: the lightest CPU loads go first
-        order = sorted(range(n), key=lambda i: inst.models[i].rate * inst.models[i].s_cpu[0])
-        mixed = [0] * n
-        for i in order[: n - inst.cores]:
-            mixed[i] = lasts[i]
-        starts.append(mixed)
-    if n > 1:  # one model on the CPU with every core, the others wholly on the TPU
-        starts += [[0 if j == i else lasts[j] for j in range(n)] for i in range(n)]
-    best = (None, None, (3.0, INF))
-    for start in starts:
-        cores = propalloc(inst, start)
-        if cores is None:
-            continue
-        found = _climb(inst, list(start), list(cores), score(start, cores), score)
-        if found[2] < best[2]:
-            best = found
-    points, cores, current = best
-    if points is None or current[0] != 0.0:
-        return Allocation(None, INF, evals)
-    return Allocation(Config(tuple(points), tuple(cores)), current[1], evals)
+    cache: dict[tuple, tuple[tuple[float, float], tuple[int, ...] | None]] = {}
 
-
-def _climb(inst: Instance, points: list[int], cores: list[int], current, score):
-    """Steepest descent from (points, cores) over the neighbourhood of ``refined``."""
-    n = len(inst.models)
-    while True:
-        candidates = []
-        for m in range(n):
-            last = inst.models[m].last
-            for h in (1, 2, -1, -2):
-                p = points[m] + h
-                if not 0 <= p <= last:
-                    continue
-                trial = points.copy()
-                trial[m] = p
-                ks = _fix_cores(inst, trial, cores)
-                if ks is not None:
-                    candidates.append((trial, ks))
-                elif p < last:  # no core to spare: another model gives up its suffix (moves wholly to the TPU)
-                    for d in range(n):
-                        if d != m and trial[d] < inst.models[d].last:
-                            swap = trial.copy()
-                            swap[d] = inst.models[d].last
-                            ks = _fix_cores(inst, swap, cores)
-                            if ks is not None:
-                                candidates.append((swap, ks))
-        for a, b in itertools.permutations(range(n), 2):  # one core from a to b
-            if cores[a] > (1 if points[a] < inst.models[a].last else 0) and points[b] < inst.models[b].last:
-                ks = cores.copy()
-                ks[a] -= 1
-                ks[b] += 1
-                candidates.append((points, ks))
-        for b in range(n):
-            if points[b] < inst.models[b].last:
-                if sum(cores) < inst.cores:  # take a free core
-                    ks = cores.copy()
-                    ks[b] += 1
-                    candidates.append((points, ks))
-                if cores[b] > 1:  # give one back
-                    ks = cores.copy()
-                    ks[b] -= 1
-                    candidates.append((points, ks))
-        if not candidates:
-            return points, cores, current
-        value, p, k = min(((score(p, k), p, k) for p, k in candidates), key=lambda x: x[0])
-        if value < current:
-            points, cores, current = list(p), list(k), value
-        else:
-            return points, cores, current
-
-
-def _fix_cores(inst: Instance, points, cores) -> list[int] | None:
-    """Cores after a point move: a model that lost its suffix frees its cores; one that gained a suffix
-    takes every free core, else one from the model with the most; None when no core can be found."""
-    ks = list(cores)
-    for i, (m, p) in enumerate(zip(inst.models, points)):
-        if p >= m.last:
-            ks[i] = 0
-    for i, (m, p) in enumerate(zip(inst.models, points)):
-        if p < m.last and ks[i] == 0:
-            if sum(ks) < inst.cores:
-                ks[i] = inst.cores - sum(ks)  # every free core (single-core moves give some back)
+    def score(points: tuple[int, ...]):
+        if points not in cache:
+            tpu = tpu_state(inst, points, variant, use_alpha)
+            cost, ks = best_cores(inst, points, tpu, variant) if tpu.feasible else (INF, None)
+            if ks is None:  # unstable: rank by the worst of TPU utilisation and CPU pressure
+                load = sum(m.rate * m.s_cpu[p] for m, p in zip(inst.models, points))
+                suffixes = sum(p < last for p, last in zip(points, lasts))
+                cache[points] = ((1.0, max(tpu.rho, load / inst.cores, suffixes / inst.cores)), None)
             else:
-                donor = max(range(len(ks)), key=lambda j: ks[j])
-                if ks[donor] <= 1:
-                    return None
-                ks[donor] -= 1
-                ks[i] = 1
-    return ks
+                cache[points] = ((0.0, sum(m.rate * t for m, t in zip(inst.models, tpu.part)) + cost), ks)
+        return cache[points]
+
+    starts = {tuple([0] * n), tuple(lasts), tuple(m // 2 for m in lasts)}
+    if n > 1:  # one model on the CPU, the others wholly on the TPU, and the other way round
+        starts |= {tuple(0 if j == i else lasts[j] for j in range(n)) for i in range(n)}
+        starts |= {tuple(lasts[j] if j == i else 0 for j in range(n)) for i in range(n)}
+    best_value, best_points = (3.0, INF), None
+    for start in sorted(starts):
+        points, value = start, score(start)[0]
+        while True:
+            moves = set()
+            for m in range(n):
+                for p in (points[m] - 2, points[m] - 1, points[m] + 1, points[m] + 2, 0, lasts[m]):
+                    if 0 <= p <= lasts[m] and p != points[m]:
+                        moves.add(points[:m] + (p,) + points[m + 1:])
+            if not moves:
+                break
+            cand = min(moves, key=lambda q: score(q)[0])
+            cv = score(cand)[0]
+            if cv < value:
+                points, value = cand, cv
+            else:
+                break
+        if value < best_value:
+            best_value, best_points = value, points
+    if best_points is None or best_value[0] != 0.0:
+        return Allocation(None, INF, len(cache))
+    return Allocation(Config(best_points, score(best_points)[1]), best_value[1], len(cache))
+
+
+def best_cores(inst: Instance, points, tpu, variant: str = "refined") -> tuple[float, tuple[int, ...] | None]:
+    """The core allocation minimising sum lambda_i (E[W^CPU] + s^CPU) for a partitioning whose TPU state is
+    ``tpu``, under (8) and (9): a dynamic program over models and cores used. (cost, cores) or (inf, None)."""
+    dp: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
+    for m, p in zip(inst.models, points):
+        options = [(0, 0.0)] if p >= m.last else [
+            (k, m.rate * cpu_part(m, p, k, tpu, variant)) for k in range(1, inst.cores + 1)]
+        nxt: dict[int, tuple[float, tuple[int, ...]]] = {}
+        for used, (cost, ks) in dp.items():
+            for k, c in options:
+                if used + k > inst.cores or c == INF:
+                    continue
+                value = cost + c
+                if value < nxt.get(used + k, (INF,))[0]:
+                    nxt[used + k] = (value, ks + (k,))
+        dp = nxt
+        if not dp:
+            return INF, None
+    cost, ks = min(dp.values(), key=lambda x: x[0])
+    return cost, ks
 
 
 def exact(inst: Instance, variant: str = "refined", use_alpha: bool = True) -> Allocation:
     """The optimum of eq. (5) under (6)-(9), by enumeration of partitionings and a DP over cores."""
-    n = len(inst.models)
     best, best_config, evals = INF, None, 0
     for points in itertools.product(*(range(m.last + 1) for m in inst.models)):
         tpu = tpu_state(inst, points, variant, use_alpha)
@@ -229,26 +171,9 @@ def exact(inst: Instance, variant: str = "refined", use_alpha: bool = True) -> A
         base = sum(m.rate * t for m, t in zip(inst.models, tpu.part))
         if base >= best:
             continue
-        # dp[j] = (cost, cores) using j cores over the models seen so far
-        dp: dict[int, tuple[float, tuple[int, ...]]] = {0: (0.0, ())}
-        for m, p in zip(inst.models, points):
-            options = [(0, 0.0)] if p >= m.last else [
-                (k, m.rate * cpu_part(m, p, k, tpu, variant)) for k in range(1, inst.cores + 1)]
-            nxt: dict[int, tuple[float, tuple[int, ...]]] = {}
-            for used, (cost, ks) in dp.items():
-                for k, c in options:
-                    if used + k > inst.cores or c == INF:
-                        continue
-                    value = cost + c
-                    if value < nxt.get(used + k, (INF,))[0]:
-                        nxt[used + k] = (value, ks + (k,))
-            dp = nxt
-        if not dp:
-            continue
-        cost, ks = min(dp.values(), key=lambda x: x[0])
-        if base + cost < best:
+        cost, ks = best_cores(inst, points, tpu, variant)
+        if ks is not None and base + cost < best:
             best, best_config = base + cost, Config(tuple(points), ks)
     if best_config is None:
         return Allocation(None, INF, evals)
-    assert len(best_config.cores) == n
     return Allocation(best_config, best, evals)

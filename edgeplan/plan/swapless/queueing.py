@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import combinations
 
 from edgeplan.plan.swapless.instance import Config, Evaluation, Instance
@@ -51,28 +52,39 @@ def alpha_lru(inst: Instance, points) -> list[float]:
     Model i is evicted before its next request iff the distinct set S of other models requested meanwhile
     satisfies f_i + sum_{j in S} f_j > C (every model outside S is older than i and goes first). P(the
     requests in between all lie in T) = pi_i / (1 - pi_T); inclusion-exclusion gives P(exactly S)."""
-    on_tpu = [i for i, p in enumerate(points) if p > 0]
+    on_tpu = tuple(i for i, p in enumerate(points) if p > 0)
     lam = sum(inst.models[i].rate for i in on_tpu)
     out = [0.0] * len(points)
     if len(on_tpu) <= 1 or lam <= 0:
         return out
     cap = inst.capacity
     foot = {i: min(inst.models[i].footprint[points[i]], cap) for i in on_tpu}
-    pi = {i: inst.models[i].rate / lam for i in on_tpu}
-    for i in on_tpu:
-        if pi[i] <= 0:
-            continue
-        others = [j for j in on_tpu if j != i]
-        subsets = [frozenset(c) for r in range(len(others) + 1) for c in combinations(others, r)]
-        within = {t: pi[i] / (1.0 - sum(pi[j] for j in t)) if sum(pi[j] for j in t) < 1 else 0.0 for t in subsets}
-        miss = 0.0
-        for s in subsets:
-            if foot[i] + sum(foot[j] for j in s) <= cap:
-                continue
-            exact = sum((-1) ** (len(s) - len(t)) * within[t] for t in subsets if t <= s)
-            miss += exact
+    for i, sets in zip(on_tpu, _between(tuple(inst.models[i].rate / lam for i in on_tpu))):
+        miss = sum(prob for members, prob in sets
+                   if foot[i] + sum(foot[on_tpu[j]] for j in members) > cap)
         out[i] = min(1.0, max(0.0, miss))
     return out
+
+
+@lru_cache(maxsize=4096)
+def _between(pi: tuple[float, ...]) -> tuple[tuple[tuple[tuple[int, ...], float], ...], ...]:
+    """For each model k (by position), every set S of the others with P(exactly S are requested between two
+    requests of k) — it depends on the request mix only, so it is computed once per mix."""
+    out = []
+    for k, pk in enumerate(pi):
+        others = [j for j in range(len(pi)) if j != k]
+        subsets = [c for r in range(len(others) + 1) for c in combinations(others, r)]
+        within = {}
+        for t in subsets:
+            rest = sum(pi[j] for j in t)
+            within[t] = pk / (1.0 - rest) if rest < 1 else 0.0
+        sets = []
+        for s in subsets:
+            exact = sum((-1) ** (len(s) - len(t)) * within[t] for t in subsets if set(t) <= set(s))
+            if pk > 0 and s:
+                sets.append((s, exact))
+        out.append(tuple(sets))
+    return tuple(out)
 
 
 def erlang_c(c: int, a: float) -> float:
@@ -85,6 +97,7 @@ def erlang_c(c: int, a: float) -> float:
     return last / (total + last)
 
 
+@lru_cache(maxsize=65536)
 def wait_mdc(lam: float, s: float, c: int) -> float:
     """Mean wait of M/D/c (service s): Cosmetatos' correction of half the M/M/c wait."""
     if lam <= 0 or s <= 0:
