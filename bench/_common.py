@@ -35,3 +35,22 @@ def write(name: str, data: dict) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def publish(name: str, result: dict, plot, keys: tuple[str, ...]) -> Path:
+    """Write ``results/<name>.json`` and the plot beside it; print the headline keys."""
+    path = write(name, result)
+    plot(result, RESULTS / f"{name}.png")
+    print(f"[bench] wrote {path}")
+    print({k: result[k] for k in keys})
+    return path

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
-from _common import RESULTS, machine, write  # noqa: E402
+from _common import machine, publish, pyplot  # noqa: E402
 from edgeplan.pipeline import params as params_mod  # noqa: E402
 from edgeplan.pipeline import stages  # noqa: E402
 from edgeplan.zoo import keras_apps  # noqa: E402
@@ -150,18 +150,12 @@ def main() -> int:
                        "gmacs": models[a]["gmacs"]} for a in sizes},
         "models": models,
     }
-    path = write("compile_cost", result)
-    plot(result, RESULTS / "compile_cost.png")
-    print(f"[bench] wrote {path}")
-    print({k: result[k] for k in ("conversion_cost_ratio", "int8_identical_fraction_min", "table2_size_error_max")})
+    publish("compile_cost", result, plot, ("conversion_cost_ratio", "int8_identical_fraction_min", "table2_size_error_max"))
     return 0
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     t2 = {k: v for k, v in result["table2"].items() if v["paper_MB"]}

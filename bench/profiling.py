@@ -35,7 +35,7 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
-from _common import RESULTS, machine, write
+from _common import machine, publish, pyplot
 
 from edgeplan.pipeline import params as params_mod
 from edgeplan.profile import tpu_model
@@ -178,18 +178,12 @@ def main() -> int:
         "profile_seconds": seconds,
         "span_s": span,
     }
-    path = write("profiling", result)
-    plot(result, RESULTS / "profiling.png")
-    print(f"[bench] wrote {path}")
-    print({k: result[k] for k in ("cpu_repeatability_max_rel_diff", "predictor_mape_heldout", "profile_resnet50v2_seconds")})
+    publish("profiling", result, plot, ("cpu_repeatability_max_rel_diff", "predictor_mape_heldout", "profile_resnet50v2_seconds"))
     return 0
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(16, 4.6))
     pts = result["predictor"]["points"]

@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
-from _common import RESULTS, machine, write
+from _common import machine, publish, pyplot
 
 from edgeplan.plan.simulate.des import simulate
 from edgeplan.plan.swapless import allocate, baselines, queueing
@@ -206,20 +206,14 @@ def main() -> int:
         "search": [{k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in s.items()} for s in search],
         "reduction_cases": reduction,
     }
-    path = write("swapless_validation", result)
-    plot(result, RESULTS / "swapless_validation.png")
-    print(f"[bench] wrote {path}")
-    print({k: result[k] for k in ("mape_single", "mape_multi", "mape_single_paper", "mape_multi_paper",
+    publish("swapless_validation", result, plot, ("mape_single", "mape_multi", "mape_single_paper", "mape_multi_paper",
                                   "refined_within_2pct_fraction", "refined_infeasible_count",
-                                  "paper_within_2pct_fraction", "paper_infeasible_count", "decision_time_ms_median")})
+                                  "paper_within_2pct_fraction", "paper_infeasible_count", "decision_time_ms_median"))
     return 0
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.6))
     rows = result["rows"]
