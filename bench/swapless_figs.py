@@ -9,8 +9,12 @@ Writes bench/results/swapless_figs.json and swapless_figs.png.
 - fig7: SwapLess against the three baselines (compiler default, threshold, alpha = 0) at TPU utilisation
   0.2 and 0.5 of the compiler default, single- and multi-tenant, simulated.
 
-Fig. 8 of the paper (rates that change over time, with re-allocation) needs the device runtime's rate
-monitor and is left to the runtime issue. `--artifacts DIR` as for bench/swapless_validation.py.
+- fig8: rates that change over time (InceptionV3 + MobileNetV2, six phases, InceptionV3's rate rising
+  then falling): per phase, the simulated mean latency of the compiler default, of SwapLess planned once
+  for the first phase, and of SwapLess re-allocating at each phase (each phase simulated to steady state:
+  the switching itself, preloaded partitions and in-flight requests, is the device runtime's).
+
+`--artifacts DIR` as for bench/swapless_validation.py.
 """
 from __future__ import annotations
 
@@ -131,6 +135,29 @@ def fig7(arts: Path, requests: int) -> dict:
     return out
 
 
+def fig8(arts: Path, requests: int) -> dict:
+    import time
+
+    base = Instance((load(arts, "InceptionV3"), load(arts, "MobileNetV2")), CORES, CAP)
+    phases = [(4.0, 60.0), (8.0, 60.0), (14.0, 60.0), (20.0, 40.0), (12.0, 80.0), (4.0, 120.0)]
+    static = allocate.refined(base.with_rates(phases[0])).config
+    out = []
+    for k, rates in enumerate(phases):
+        inst = base.with_rates(rates)
+        t0 = time.perf_counter()
+        adaptive = allocate.refined(inst).config
+        decision_ms = (time.perf_counter() - t0) * 1e3
+        row = {"phase": k, "rates": list(rates), "decision_ms": decision_ms,
+               "adaptive_config": [list(adaptive.points), list(adaptive.cores)] if adaptive else None}
+        for key, config in (("compiler_default", baselines.compiler_default(inst)[0]), ("static", static),
+                            ("adaptive", adaptive)):
+            ok = config is not None and queueing.evaluate(inst, config).feasible
+            row[key] = mean_ms(simulate(inst, config, requests=requests, seed=k, stochastic=True), inst) if ok else None
+        out.append(row)
+    return {"models": [m.name for m in base.models], "static_config": [list(static.points), list(static.cores)],
+            "phases": out}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--artifacts", type=Path, required=True)
@@ -140,14 +167,14 @@ def main() -> int:
     result = {"quick": args.quick, "machine": machine(), "cores": CORES,
               "source": "TPU: EMULATED Edge TPU; CPU: real measurements (raw samples); latencies simulated",
               "fig5": fig5(args.artifacts, requests), "fig6": fig6(args.artifacts, requests),
-              "fig7": fig7(args.artifacts, requests)}
+              "fig7": fig7(args.artifacts, requests), "fig8": fig8(args.artifacts, requests)}
     publish("swapless_figs", result, plot, ("cores",))
     return 0
 
 
 def plot(result: dict, path: Path) -> None:
     plt = pyplot()
-    fig, axes = plt.subplots(1, 4, figsize=(22, 4.8))
+    fig, axes = plt.subplots(1, 5, figsize=(27, 4.8))
     for ax, (name, d) in zip(axes[:2], result["fig5"].items()):
         pts = [r for r in d["by_point"] if r["stable"]]
         for key, style in (("simulated_ms", "k-o"), ("refined_ms", "b--"), ("paper_ms", "r:")):
@@ -182,6 +209,17 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylabel("mean latency / compiler default (simulated)")
     ax.set_title("SwapLess vs baselines (EMULATED TPU)")
+    ax.legend()
+    ax = axes[4]
+    f8 = result["fig8"]["phases"]
+    for key, style in (("compiler_default", "r-s"), ("static", "g-^"), ("adaptive", "b-o")):
+        ax.plot([r["phase"] for r in f8], [r[key] if r[key] is not None else float("nan") for r in f8], style,
+                label=key + (" (unstable: gap)" if any(r[key] is None for r in f8) else ""))
+    ax.set_xticks([r["phase"] for r in f8], [f"{r['rates'][0]:g}/{r['rates'][1]:g}" for r in f8])
+    ax.set_xlabel("phase: InceptionV3 / MobileNetV2 requests per s")
+    ax.set_ylabel("mean latency, ms (simulated)")
+    ax.set_yscale("log")
+    ax.set_title("rates over time: re-allocation per phase")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
