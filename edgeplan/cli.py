@@ -407,7 +407,7 @@ def parser() -> argparse.ArgumentParser:
     pr = psub.add_parser("run", help="profile every segment of ARTIFACT_DIR on a device class -> profiles/CLASS.json",
                          description="Prefixes get Edge TPU times (EMULATED for *-emulated classes: modelled from the "
                          "compile report), suffixes CPU times measured here with 1..K interpreter threads.")
-    pr.add_argument("artifact_dir")
+    pr.add_argument("artifact_dir", help="artifacts/<name>/<version> of a compiled model (edgeplan compile)")
     pr.add_argument("--device-class", required=True, help="a class of the fleet registry (`edgeplan fleet`)")
     pr.add_argument("--summary-json", help="also write the per-point summary (tpu_ms, cpu_ms per core count) here")
     pr.add_argument("--sample", type=int, help="measure only this many suffixes (spread evenly), predict the rest")
