@@ -195,8 +195,9 @@ class Profiler:
             env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "edgeplan.profile.cpu"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=self._stderr, text=True, env=env, bufsize=1,
+                stderr=self._stderr, env=env, bufsize=0,
             )
+            self._pending = b""  # worker output read but not yet split into lines
             self._stderr_start = self._stderr.seek(0, os.SEEK_END)
         return self._proc
 
@@ -205,8 +206,9 @@ class Profiler:
         proc = self._worker()
         request = {**request, "settings": self.settings.__dict__}
         try:
-            proc.stdin.write(json.dumps(request) + "\n")
-            proc.stdin.flush()
+            data = memoryview((json.dumps(request) + "\n").encode())
+            while data:  # an unbuffered pipe may take a long request in parts
+                data = data[proc.stdin.write(data):]
         except BrokenPipeError:
             return "crashed", self._died(proc)
         deadline = time.monotonic() + timeout_s
@@ -290,17 +292,27 @@ class Profiler:
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         return f"the interpreter crashed ({how})" + (f": {' | '.join(tail)}" if tail else "")
 
-    @staticmethod
-    def _read_line(proc: subprocess.Popen, deadline: float) -> str | None:
-        """A line from the worker, "" when it died, None when ``deadline`` passed without one."""
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        try:
-            if not sel.select(max(0.0, deadline - time.monotonic())):
+    def _read_line(self, proc: subprocess.Popen, deadline: float) -> str | None:
+        """A line from the worker, "" when it died, None when ``deadline`` passed without one.
+
+        Lines are split here from raw reads: a buffered reader could hold several lines already read from the
+        pipe while ``select`` waits on the empty pipe for the next one."""
+        fd = proc.stdout.fileno()
+        while b"\n" not in self._pending:
+            sel = selectors.DefaultSelector()
+            sel.register(fd, selectors.EVENT_READ)
+            try:
+                ready = sel.select(max(0.0, deadline - time.monotonic()))
+            finally:
+                sel.close()
+            if not ready:
                 return None
-            return proc.stdout.readline()
-        finally:
-            sel.close()
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return ""
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return line.decode() + "\n"
 
 
 def _serve() -> None:

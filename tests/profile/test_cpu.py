@@ -79,3 +79,23 @@ def test_interleaved_rounds_with_the_probe(tiny, tmp_path):
     # the segments and the probe were timed in the same rounds: as many samples each
     assert len(found[0].samples_ms[1]) == len(found[2].samples_ms[1]) == len(probe.samples_ms[1])
     assert "cpu: screen" in seen and "cpu: rounds" in seen
+
+
+def test_lines_already_read_are_not_waited_for():
+    """Several reply lines arriving at once: each is returned at once, not after the deadline."""
+    import subprocess
+    import sys
+
+    with Profiler(Settings()) as p:
+        proc = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.stdout.write('{\"a\": 1}\\n{\"b\": 2}\\n'); "
+                                 "sys.stdout.flush(); time.sleep(30)"], stdout=subprocess.PIPE, bufsize=0)
+        p._pending = b""
+        try:
+            t0 = time.monotonic()
+            assert p._read_line(proc, t0 + 20) == '{"a": 1}\n'
+            assert p._read_line(proc, t0 + 20) == '{"b": 2}\n'
+            assert time.monotonic() - t0 < 10
+            assert p._read_line(proc, time.monotonic() + 0.2) is None  # nothing more: the deadline passes
+        finally:
+            proc.kill()
+            proc.wait()
