@@ -65,6 +65,20 @@ def _table(placements: list[OpPlacement]) -> tuple[OperatorRow, ...]:
     return tuple(OperatorRow(op, n, status) for (op, status), n in counts.items())
 
 
+def fill_cache(param_bytes: list[int], remaining: int, filling: bool = True) -> tuple[list[bool], int, bool]:
+    """The on-chip cache filled op by op in order: (on chip per op, bytes left, still filling). Once an op's
+    parameters do not fit, it and every later op (of this model and of models co-compiled after it) stream."""
+    cached = []
+    for b in param_bytes:
+        if filling and b <= remaining:
+            remaining -= b
+            cached.append(True)
+        else:
+            filling = False
+            cached.append(False)
+    return cached, remaining, filling
+
+
 def compile_models(
     models: list[tuple[str, bytes]],
     onchip_bytes: int = DEFAULT_ONCHIP_BYTES,
@@ -78,16 +92,15 @@ def compile_models(
     for name, data in models:
         graph = TfliteGraph(data)
         placements = place_ops(graph, allow_multiple_subgraphs)
+        mapped = [i for i, p in enumerate(placements) if p.status == rules.MAPPED]
+        cached, remaining, filling = fill_cache([placements[i].param_bytes for i in mapped], remaining, filling)
         onchip = offchip = 0
-        for i, p in enumerate(placements):
-            if p.status != rules.MAPPED:
-                continue
-            if filling and p.param_bytes <= remaining:
-                remaining -= p.param_bytes
+        for i, on_chip in zip(mapped, cached):
+            p = placements[i]
+            if on_chip:
                 onchip += p.param_bytes
                 placements[i] = OpPlacement(p.index, p.op, p.status, p.reason, p.param_bytes, True)
             else:
-                filling = False
                 offchip += p.param_bytes
         first = next((p for p in placements if p.status != rules.MAPPED), None)
         tpu_ops = sum(p.status == rules.MAPPED for p in placements)

@@ -7,7 +7,8 @@ from collections import Counter
 
 from edgeplan.artifacts import CompileReport
 from edgeplan.profile.tpu_model import TpuWorkload
-from edgeplan.quantize.tflite_graph import TfliteGraph
+from edgeplan.compile.emulated import DEFAULT_ONCHIP_BYTES, fill_cache
+from edgeplan.quantize.tflite_graph import TfliteGraph, itemsize
 
 # Op families the predictor tells apart; everything else is "other".
 FAMILIES = {
@@ -22,8 +23,7 @@ CONV_KINDS = ("1x1", "kxk", "kx1", "dw")  # pointwise, square kernel, asymmetric
 
 def _nbytes(graph: TfliteGraph, ix: int) -> int:
     t = graph.tensors[ix]
-    size = {"INT8": 1, "UINT8": 1, "INT16": 2, "FLOAT16": 2, "INT64": 8}.get(t.dtype, 4)
-    return math.prod(t.shape) * size
+    return math.prod(t.shape) * itemsize(t)
 
 
 def io_bytes(graph: TfliteGraph) -> tuple[int, int]:
@@ -37,13 +37,10 @@ def tpu_workload(graph: TfliteGraph, report: CompileReport | None) -> TpuWorkloa
         end = int(report.first_unmapped.get("index", end))
     ins, outs = io_bytes(graph)
     if report is None:
-        onchip = offchip = 0
-        left = 8 * 1024 * 1024
-        for b in graph.op_param_bytes[:end]:
-            if offchip == 0 and b <= left:
-                onchip, left = onchip + b, left - b
-            else:
-                offchip += b
+        sizes = graph.op_param_bytes[:end]
+        cached, _, _ = fill_cache(sizes, DEFAULT_ONCHIP_BYTES)
+        onchip = sum(b for b, c in zip(sizes, cached) if c)
+        offchip = sum(sizes) - onchip
     else:
         onchip, offchip = report.onchip_param_bytes, report.offchip_param_bytes
     return TpuWorkload(macs=sum(graph.op_macs[:end]), onchip_param_bytes=onchip, offchip_param_bytes=offchip,
@@ -76,7 +73,9 @@ def segment_features(graph: TfliteGraph) -> dict:
         m = graph.op_macs[op.index]
         macs[fam] += m
         counts[fam] += 1
-        act[fam] += sum(_nbytes(graph, o) for o in op.outputs) + sum(_nbytes(graph, x) for x in graph.activations(op))
+        in_bytes = sum(_nbytes(graph, x) for x in graph.activations(op))
+        out_bytes = sum(_nbytes(graph, o) for o in op.outputs)
+        act[fam] += in_bytes + out_bytes
         shape = _conv_shape(graph, op)
         if shape and m:
             kh, kw, cin, cout, hw = shape
@@ -85,8 +84,8 @@ def segment_features(graph: TfliteGraph) -> dict:
             shape_sums["log2_cin"] += m * math.log2(max(1, cin))
             shape_sums["log2_cout"] += m * math.log2(max(1, cout))
             shape_sums["log2_hw"] += m * math.log2(max(1, hw))
-            shape_sums["log2_in_bytes"] += m * math.log2(max(1, sum(_nbytes(graph, x) for x in graph.activations(op))))
-            shape_sums["log2_out_bytes"] += m * math.log2(max(1, sum(_nbytes(graph, o) for o in op.outputs)))
+            shape_sums["log2_in_bytes"] += m * math.log2(max(1, in_bytes))
+            shape_sums["log2_out_bytes"] += m * math.log2(max(1, out_bytes))
     ins, outs = io_bytes(graph)
     total = sum(macs[f] for f in FAMILY_NAMES)
     feats = {"macs": int(total), "ops": len(graph.ops), "param_bytes": int(graph.param_bytes()),

@@ -92,7 +92,7 @@ def _get(d: dict, key: str, where: str, kind: type | tuple, required: bool = Tru
             raise RegistryError(f"{where}.{key}: missing")
         return default
     v = d[key]
-    if kind in (int, float) or kind == (int, float):
+    if kind in (int, float):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise RegistryError(f"{where}.{key}: expected a number, got {v!r}")
         if v < 0:

@@ -19,7 +19,7 @@ from edgeplan.profile import cpu as cpu_mod
 from edgeplan.profile import tpu_model
 from edgeplan.profile.features import segment_features, tpu_workload
 from edgeplan.profile.fleet import DeviceClass
-from edgeplan.profile.schema import CpuTiming, Host, Profile, SegmentProfile, TpuTiming
+from edgeplan.profile.schema import CpuTiming, Host, Profile, SegmentProfile, TpuTiming, median_at
 from edgeplan.quantize.tflite_graph import TfliteGraph
 
 log = logging.getLogger(__name__)
@@ -137,18 +137,14 @@ def profile(root: Path, device_class: DeviceClass, settings: cpu_mod.Settings, p
     return prof
 
 
-def _probe_ms(probe: tuple[CpuTiming, ...], threads: int) -> float | None:
-    return next((t.median_ms for t in probe if t.threads == threads), None)
-
-
 def _reference(device_class: DeviceClass, probe: tuple[CpuTiming, ...], threads: int) -> float | None:
     """The probe time the profile's CPU figures are expressed at: the class's reference, else this run's."""
     ref = (device_class.cpu_probe_ms or {}).get(threads)
-    return ref if ref is not None else _probe_ms(probe, threads)
+    return ref if ref is not None else median_at(probe, threads)
 
 
 def _scale(device_class: DeviceClass, probe: tuple[CpuTiming, ...], threads: int) -> float:
-    ref, run = (device_class.cpu_probe_ms or {}).get(threads), _probe_ms(probe, threads)
+    ref, run = (device_class.cpu_probe_ms or {}).get(threads), median_at(probe, threads)
     return ref / run if ref and run else 1.0
 
 

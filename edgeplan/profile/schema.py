@@ -76,6 +76,11 @@ class CpuTiming:
         )
 
 
+def median_at(timings, threads: int) -> float | None:
+    """The median of the timing with ``threads`` threads among ``timings``, or None."""
+    return next((t.median_ms for t in timings if t.threads == threads), None)
+
+
 @dataclass(frozen=True)
 class TpuTiming:
     """One prefix on the (real or emulated) Edge TPU, DESIGN.md's definitions."""
@@ -108,8 +113,7 @@ class SegmentProfile:
     features: dict = field(default_factory=dict)  # graph features of the segment (the predictor's input)
 
     def cpu_ms(self, threads: int = 1) -> float | None:
-        t = self.cpu_timing(threads)
-        return None if t is None else t.median_ms
+        return median_at(self.cpu, threads)
 
     def cpu_timing(self, threads: int = 1) -> CpuTiming | None:
         return next((t for t in self.cpu if t.threads == threads), None)
@@ -139,8 +143,7 @@ class Profile(_Record):
 
     def probe_ms(self, threads: int = 1) -> float | None:
         """The probe's median in this run, raw (the machine's speed while the segments were timed)."""
-        t = next((t for t in self.probe if t.threads == threads), None)
-        return None if t is None else t.median_ms
+        return median_at(self.probe, threads)
     schema_version: int = 1
 
     def segment(self, point: int, role: str) -> SegmentProfile | None:

@@ -200,3 +200,8 @@ def _macs(g: TfliteGraph, op: TfliteOp) -> int:
 
 def np_dtype(tensor: TfliteTensor):
     return _NP_TYPES[tensor.dtype]
+
+
+def itemsize(tensor: TfliteTensor) -> int:
+    """Bytes per element (4 for a type numpy has no name for here)."""
+    return np.dtype(_NP_TYPES.get(tensor.dtype, np.float32)).itemsize
