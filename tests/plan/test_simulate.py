@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from edgeplan.plan.simulate.des import simulate
+from edgeplan.plan.simulate.des import Phase, simulate, simulate_phases
 from edgeplan.plan.swapless.instance import Config, Instance, ModelSpec
 
 
@@ -74,3 +74,37 @@ def test_tandem_prefix_then_suffix_pool():
     res = simulate(Instance((m,), 2, 0), Config((1,), (2,)), requests=2000, seed=6)
     assert res.models[0].mean == pytest.approx(0.002 + 0.0005 + 0.006, rel=0.01)
     assert res.models[0].p99 >= res.models[0].p50
+
+
+def test_phases_switch_points_and_cores_without_losing_a_request():
+    """Rates, points and cores change twice mid-run: every request that arrived finishes (the ones in
+    flight under the old partition too), and each long phase settles near its own steady state."""
+    m = ModelSpec("m", 1.0, (0.0, 0.002, 0.004), (0.0, 0.0005, 0.0005), (0.0, 0.001, 0.002), (0, 1, 2),
+                  (0.02, 0.012, 0.0))
+    inst = Instance((m,), 3, 1 << 20)
+    phases = [Phase(0.0, (60.0,), Config((0,), (3,))),  # all on the CPU, three cores
+              Phase(200.0, (120.0,), Config((1,), (2,))),  # split, two cores (one retires when free)
+              Phase(400.0, (30.0,), Config((0,), (1,)))]  # back to the CPU, one core
+    tl = simulate_phases(inst, phases, 600.0, bin_s=10.0, seed=3)
+    assert tl.arrived == tl.completed > 0.9 * (60 * 200 + 120 * 200 + 30 * 200)
+    assert len(tl.starts) == 60 and sum(sum(r) for r in tl.requests) == tl.completed
+    for k, ph in enumerate(phases):
+        steady = simulate(inst.with_rates(ph.rates), ph.config, requests=40_000, seed=4).models[0].mean
+        assert tl.phase_mean[k][0] == pytest.approx(steady, rel=0.1), k
+
+
+def test_phases_bad_input():
+    m = ModelSpec("m", 1.0, (0.0, 0.002), (0.0, 0.0), (0.0, 0.0), (0, 0), (0.01, 0.0))
+    inst = Instance((m,), 1, 0)
+    with pytest.raises(ValueError, match="first starts at 0"):
+        simulate_phases(inst, [Phase(1.0, (1.0,), Config((1,), (0,)))], 10.0)
+    with pytest.raises(ValueError, match="cores"):
+        simulate_phases(inst, [Phase(0.0, (1.0,), Config((0,), (2,)))], 10.0)
+
+
+def test_phase_to_all_tpu_drains_the_old_suffixes():
+    """Switching a loaded model wholly onto the TPU (0 cores) still finishes the suffixes already queued."""
+    m = ModelSpec("m", 1.0, (0.0, 0.002, 0.004), (0.0, 0.0, 0.0), (0.0, 0.0, 0.0), (0, 0, 0), (0.02, 0.012, 0.0))
+    phases = [Phase(0.0, (140.0,), Config((1,), (2,))), Phase(20.0, (140.0,), Config((2,), (0,)))]
+    tl = simulate_phases(Instance((m,), 2, 1 << 20), phases, 40.0, seed=2)
+    assert tl.arrived == tl.completed

@@ -14,15 +14,19 @@ from edgeplan.plan.swapless.instance import Config, Instance, ModelSpec
 MB = 1 << 20
 
 
-def model(name="m", rate=50.0, P=2, tpu=0.002, cpu=0.01, io=0.0005, load=0.004, foot=3 * MB):
-    """A model whose prefix grows linearly with p and whose suffix shrinks: p=0 all CPU, p=P all TPU."""
+def model(name="m", rate=50.0, P=2, tpu=0.002, cpu=0.01, io=0.0005, load=0.004, foot=3 * MB, spread=()):
+    """A model whose prefix grows linearly with p and whose suffix shrinks: p=0 all CPU, p=P all TPU.
+    ``spread``: factors that turn every service time into samples (empty: deterministic)."""
+    s_tpu = tuple(tpu * p for p in range(P + 1))
+    s_cpu = tuple(cpu * (P - p) / P for p in range(P + 1))
     return ModelSpec(
-        name, rate,
-        tuple(tpu * p for p in range(P + 1)),
+        name, rate, s_tpu,
         tuple(io if p else 0.0 for p in range(P + 1)),
         tuple(load * p / P for p in range(P + 1)),
         tuple(int(foot * p / P) for p in range(P + 1)),
-        tuple(cpu * (P - p) / P for p in range(P + 1)),
+        s_cpu,
+        tuple(tuple(x * f for f in spread) if p else () for p, x in enumerate(s_tpu)) if spread else (),
+        tuple(tuple(x * f for f in spread) if p < P else () for p, x in enumerate(s_cpu)) if spread else (),
     )
 
 
@@ -66,6 +70,18 @@ def test_unstable_is_infinite_and_names_the_bottleneck():
     assert not ev.feasible and math.isinf(ev.objective) and ev.bottleneck.startswith("CPU pool of m")
     ev = queueing.evaluate(inst, Config((2,), (0,)))  # 300/s x 4 ms on the TPU: rho = 1.2
     assert not ev.feasible and ev.bottleneck == "TPU" and all(math.isinf(t) for t in ev.latency)
+
+
+def test_refined_reads_the_samples_mean_and_spread():
+    """With samples, refined uses their mean (the queue's load) and SCV (P-K for one core); paper the median."""
+    m = model(rate=40.0, P=1, cpu=0.01, spread=(0.5, 1.0, 1.0, 2.5))  # median 0.01, mean 0.0125
+    inst = Instance((m,), 1, 8 * MB)
+    mean, var = 0.0125, ((0.005 - 0.0125) ** 2 + 2 * (0.01 - 0.0125) ** 2 + (0.025 - 0.0125) ** 2) / 4
+    rho = 40.0 * mean
+    pk = 40.0 * (var + mean**2) / (2 * (1 - rho))  # M/G/1 by Pollaczek-Khinchine
+    assert queueing.evaluate(inst, Config((0,), (1,))).latency[0] == pytest.approx(pk + mean)
+    paper = queueing.evaluate(inst, Config((0,), (1,)), "paper").latency[0]
+    assert paper == pytest.approx(0.5 * (1 / (1 / 0.01 - 40.0) - 1 / (1 / 0.01)) + 0.01)
 
 
 def test_mdc_refined_against_exact_md1():
@@ -115,7 +131,8 @@ def instances(draw):
     for i in range(n):
         P = draw(st.integers(1, 4))
         ms.append(model(f"m{i}", rate=draw(st.floats(5.0, 120.0)), P=P, tpu=draw(st.floats(0.0005, 0.004)),
-                        cpu=draw(st.floats(0.002, 0.03)), foot=draw(st.integers(1, 8)) * MB))
+                        cpu=draw(st.floats(0.002, 0.03)), foot=draw(st.integers(1, 8)) * MB,
+                        spread=draw(st.sampled_from([(), (0.8, 0.9, 1.0, 1.6)]))))
     return Instance(tuple(ms), cores, 8 * MB)
 
 
@@ -131,6 +148,32 @@ def test_refined_close_to_exact(inst):
     queueing.check_config(inst, ref.config)
     assert ref.objective == pytest.approx(queueing.evaluate(inst, ref.config).objective)
     assert ref.objective >= opt.objective * (1 - 1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(instances(), st.sampled_from(["refined", "paper"]), st.booleans())
+def test_batch_scorer_matches_the_scalar_model(inst, variant, use_alpha):
+    """The vectorised scorer the refined search uses gives, for every partitioning, the objective of the
+    scalar model with the DP's best cores, an allocation that attains it, and unstable keys above all."""
+    import itertools
+
+    import numpy as np
+
+    from edgeplan.plan.swapless.batch import UNSTABLE, BatchScorer
+
+    points = list(itertools.product(*(range(m.last + 1) for m in inst.models)))
+    key, objective, cores = BatchScorer(inst, variant, use_alpha).score(np.array(points), with_cores=True)
+    for p, k, o, ks in zip(points, key, objective, cores):
+        tpu = queueing.tpu_state(inst, p, variant, use_alpha)
+        cost, best = allocate.best_cores(inst, p, tpu, variant) if tpu.feasible else (math.inf, None)
+        if best is None:
+            assert o == math.inf and k >= UNSTABLE
+            continue
+        expected = sum(m.rate * t for m, t in zip(inst.models, tpu.part)) + cost
+        assert o == pytest.approx(expected, rel=1e-9) and k == o
+        config = Config(p, tuple(int(x) for x in ks))
+        queueing.check_config(inst, config)
+        assert queueing.evaluate(inst, config, variant, use_alpha).objective == pytest.approx(o, rel=1e-9)
 
 
 def test_refined_mostly_optimal():

@@ -10,7 +10,7 @@
 - ``exact`` — the optimum, as oracle: for each partitioning the objective separates into the TPU part
   (fixed by the partitioning) and per-model CPU parts, so the cores are placed by a small dynamic program.
 
-Standard library only (the device runtime runs ``refined`` online).
+numpy and the standard library only (the device runtime runs ``refined`` online).
 """
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ import itertools
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
+from edgeplan.plan.swapless.batch import UNSTABLE, BatchScorer
 from edgeplan.plan.swapless.instance import Config, Instance
 from edgeplan.plan.swapless.queueing import INF, cpu_part, evaluate, tpu_state
 
@@ -92,50 +95,51 @@ def greedy(inst: Instance, variant: str = "paper", use_alpha: bool = True) -> Al
 
 def refined(inst: Instance, variant: str = "refined", use_alpha: bool = True) -> Allocation:
     """Steepest descent over partitionings, each scored with its best core allocation (a DP over cores),
-    from several starts; unstable partitionings are ranked by how far they are from stability, so a climb
-    first walks to a stable one."""
+    from several starts climbing in lockstep. A move puts one model at any of its points; unstable
+    partitionings are ranked by how far they are from stability, so a climb first walks to a stable one.
+    Each round scores the not-yet-seen neighbours of every live climb in one batch (``BatchScorer``)."""
     n = len(inst.models)
-    lasts = [m.last for m in inst.models]
-    cache: dict[tuple, tuple[tuple[float, float], tuple[int, ...] | None]] = {}
-
-    def score(points: tuple[int, ...]):
-        if points not in cache:
-            tpu = tpu_state(inst, points, variant, use_alpha)
-            cost, ks = best_cores(inst, points, tpu, variant) if tpu.feasible else (INF, None)
-            if ks is None:  # unstable: rank by the worst of TPU utilisation and CPU pressure
-                load = sum(m.rate * m.s_cpu[p] for m, p in zip(inst.models, points))
-                suffixes = sum(p < last for p, last in zip(points, lasts))
-                cache[points] = ((1.0, max(tpu.rho, load / inst.cores, suffixes / inst.cores)), None)
-            else:
-                cache[points] = ((0.0, sum(m.rate * t for m, t in zip(inst.models, tpu.part)) + cost), ks)
-        return cache[points]
-
-    starts = {tuple([0] * n), tuple(lasts), tuple(m // 2 for m in lasts)}
+    lasts = np.array([m.last for m in inst.models])
+    scorer = BatchScorer(inst, variant, use_alpha)
+    starts = {tuple([0] * n), tuple(lasts), tuple(lasts // 2)}
     if n > 1:  # one model on the CPU, the others wholly on the TPU, and the other way round
-        starts |= {tuple(0 if j == i else lasts[j] for j in range(n)) for i in range(n)}
-        starts |= {tuple(lasts[j] if j == i else 0 for j in range(n)) for i in range(n)}
-    best_value, best_points = (3.0, INF), None
-    for start in sorted(starts):
-        points, value = start, score(start)[0]
-        while True:
-            moves = set()
-            for m in range(n):
-                for p in (points[m] - 2, points[m] - 1, points[m] + 1, points[m] + 2, 0, lasts[m]):
-                    if 0 <= p <= lasts[m] and p != points[m]:
-                        moves.add(points[:m] + (p,) + points[m + 1:])
-            if not moves:
-                break
-            cand = min(moves, key=lambda q: score(q)[0])
-            cv = score(cand)[0]
-            if cv < value:
-                points, value = cand, cv
-            else:
-                break
-        if value < best_value:
-            best_value, best_points = value, points
-    if best_points is None or best_value[0] != 0.0:
-        return Allocation(None, INF, len(cache))
-    return Allocation(Config(best_points, score(best_points)[1]), best_value[1], len(cache))
+        starts |= {tuple(0 if j == i else int(lasts[j]) for j in range(n)) for i in range(n)}
+        starts |= {tuple(int(lasts[j]) if j == i else 0 for j in range(n)) for i in range(n)}
+    current = np.array(sorted(starts), dtype=np.int64)
+    # every partitioning seen, by its mixed-radix code: key (nan = not scored yet)
+    radix = np.cumprod([1, *(lasts[:-1] + 1)])
+    seen = np.full(int(np.prod(lasts + 1)), np.nan)
+    key, _ = scorer.score(current)
+    seen[current @ radix] = key
+    width = int(lasts.max()) + 1
+    target = np.arange(width)
+    invalid = target[None, :] > lasts[:, None]  # (n, width): points a model does not have
+    live = np.arange(len(current))
+    while len(live):
+        base = current[live]  # (a, n)
+        # neighbours (a, n, width, n): model i of climb a moved to point t
+        cand = np.broadcast_to(base[:, None, None, :], (len(live), n, width, n)).copy()
+        cand[:, np.arange(n), :, np.arange(n)] = target
+        cand = np.minimum(cand, lasts).reshape(-1, n)
+        codes = cand @ radix
+        todo = np.isnan(seen[codes])
+        if todo.any():
+            fresh, first = np.unique(codes[todo], return_index=True)
+            seen[fresh] = scorer.score(cand[todo][first])[0]
+        values = seen[codes].reshape(len(live), n * width)
+        values[:, np.tile(invalid.ravel(), 1)] = np.inf
+        pick = values.argmin(axis=1)
+        better = values[np.arange(len(live)), pick] < key[live]
+        moved = live[better]
+        current[moved] = cand.reshape(len(live), n * width, n)[better, pick[better]]
+        key[moved] = values[better, pick[better]]
+        live = moved
+    top = int(np.argmin(key))
+    if key[top] >= UNSTABLE:
+        return Allocation(None, INF, int(np.count_nonzero(~np.isnan(seen))))
+    _, objective, cores = scorer.score(current[top:top + 1], with_cores=True)
+    config = Config(tuple(int(p) for p in current[top]), tuple(int(k) for k in cores[0]))
+    return Allocation(config, float(objective[0]), int(np.count_nonzero(~np.isnan(seen))))
 
 
 def best_cores(inst: Instance, points, tpu, variant: str = "refined") -> tuple[float, tuple[int, ...] | None]:

@@ -5,6 +5,7 @@ numpy and the standard library only: the device runtime builds instances from it
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -16,7 +17,11 @@ class ModelSpec:
     on chip included); ``io[p]``: d_in/B + d_out/B; ``t_load[p]``: T^Load, reloading the prefix's cached
     parameters; ``footprint[p]``: its on-chip parameter bytes (size(M_i, [1:p]) of eq. (10));
     ``s_cpu[p]``: the suffix [p+1:P] on one core (s^CPU). Entries for p = 0 (no prefix) and the suffix of
-    p = P are 0. ``*_samples[p]``: raw service-time samples (s) for the simulator; empty means deterministic."""
+    p = P are 0. ``*_samples[p]``: raw service-time samples (s) for the simulator; empty means deterministic.
+
+    Derived from the samples (for the ``refined`` queueing model, which needs the mean service time and its
+    spread rather than the profile's median): ``tpu_mean``/``tpu_var`` and ``cpu_mean``/``cpu_scv`` per point;
+    without samples, the point's s and no spread."""
 
     name: str
     rate: float
@@ -27,6 +32,10 @@ class ModelSpec:
     s_cpu: tuple[float, ...]
     tpu_samples: tuple[tuple[float, ...], ...] = ()
     cpu_samples: tuple[tuple[float, ...], ...] = ()
+    tpu_mean: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    tpu_var: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    cpu_mean: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    cpu_scv: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         n = len(self.s_tpu)
@@ -37,6 +46,12 @@ class ModelSpec:
             raise ValueError(f"model {self.name}: needs at least points 0 and P")
         if self.rate < 0:
             raise ValueError(f"model {self.name}: negative rate")
+        tpu = [_moments(s, x) for s, x in zip(self.s_tpu, self.tpu_samples or [()] * n)]
+        cpu = [_moments(s, x) for s, x in zip(self.s_cpu, self.cpu_samples or [()] * n)]
+        object.__setattr__(self, "tpu_mean", tuple(m for m, _ in tpu))
+        object.__setattr__(self, "tpu_var", tuple(v for _, v in tpu))
+        object.__setattr__(self, "cpu_mean", tuple(m for m, _ in cpu))
+        object.__setattr__(self, "cpu_scv", tuple(v / m**2 if m > 0 and math.isfinite(m) else 0.0 for m, v in cpu))
 
     @property
     def last(self) -> int:
@@ -46,6 +61,14 @@ class ModelSpec:
     def with_rate(self, rate: float) -> ModelSpec:
         return ModelSpec(self.name, rate, self.s_tpu, self.io, self.t_load, self.footprint, self.s_cpu,
                          self.tpu_samples, self.cpu_samples)
+
+
+def _moments(fixed: float, samples) -> tuple[float, float]:
+    """(mean, variance) of a service time: the samples' when there are any (and the time is usable)."""
+    if not samples or not math.isfinite(fixed):
+        return fixed, 0.0
+    mean = math.fsum(samples) / len(samples)
+    return mean, math.fsum((x - mean) ** 2 for x in samples) / len(samples)
 
 
 @dataclass(frozen=True)

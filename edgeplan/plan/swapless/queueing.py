@@ -10,10 +10,15 @@
   - alpha is the probability that, between two requests of a model, the distinct other models requested in
     between no longer fit in the cache beside it (LRU by model, independent request order; exact for that
     mechanism) instead of the upper bound 1 - lambda_i / lambda_TPU;
-  - the CPU pool is M/D/k by the Erlang C formula with Cosmetatos' correction for deterministic service,
-    not one server k times faster;
-  - a suffix fed by the TPU does not see Poisson arrivals: the TPU's departures are smoother, so the pool's
-    wait is scaled by the arrival SCV from the QNA departure and splitting formulas (Whitt 1983).
+  - service times are the profiles' means with their spread (the median is the profile's headline, but the
+    queue's load is set by the mean, and the measured samples differ from it by up to 15% here), the TPU's
+    variance entering E[s^2];
+  - the CPU pool is M/G/k: the M/D/k wait by the Erlang C formula with Cosmetatos' correction for
+    deterministic service, not one server k times faster, moved towards the M/M/k wait by the service SCV
+    (exact for k = 1 by Pollaczek-Khinchine);
+  - a suffix fed by the TPU does not see Poisson arrivals: the TPU's departures are smoother, so the M/D/k
+    part of the pool's wait is scaled by the arrival SCV from the QNA departure and splitting formulas
+    (Whitt 1983) — together a Kingman-type (c_a^2 + c_s^2) / 2 form.
 
 A configuration with a utilisation >= 1 anywhere is infeasible: its latency is infinite, never negative.
 Standard library only (the device runtime runs the allocator online).
@@ -98,27 +103,47 @@ def erlang_c(c: int, a: float) -> float:
 
 
 @lru_cache(maxsize=65536)
+def pool_waits(lam: float, s: float, c: int) -> tuple[float, float]:
+    """Mean waits of M/D/c and M/M/c with mean service s: (Cosmetatos' M/D/c, Erlang C's M/M/c)."""
+    if lam <= 0 or s <= 0:
+        return 0.0, 0.0
+    if lam * s >= c:
+        return INF, INF
+    return mdc_formula(lam, s, c), mmc_formula(lam, s, c)
+
+
 def wait_mdc(lam: float, s: float, c: int) -> float:
     """Mean wait of M/D/c (service s): Cosmetatos' correction of half the M/M/c wait."""
-    if lam <= 0 or s <= 0:
-        return 0.0
+    return pool_waits(lam, s, c)[0]
+
+
+def mmc_formula(lam, s, c: int):
+    """The M/M/c mean wait of a stable, busy pool (Erlang C); floats or numpy arrays alike."""
+    a = lam * s
+    return erlang_c(c, a) * s / (c - a)
+
+
+def mdc_formula(lam, s, c: int):
+    """wait_mdc for a stable, busy pool; floats or numpy arrays of lam and s alike (batch.py fills tables)."""
     a = lam * s
     rho = a / c
-    if rho >= 1:
-        return INF
-    w_mmc = erlang_c(c, a) * s / (c - a)
     correction = 1.0 + (1.0 - rho) * (c - 1) * (math.sqrt(4 + 5 * c) - 2) / (16 * rho * c)
-    return 0.5 * w_mmc * correction
+    return 0.5 * mmc_formula(lam, s, c) * correction
 
 
 def wait_eq3(lam: float, s: float, k: int) -> float:
     """Eq. (3): E[W] = 1/2 (1/(k mu - lambda) - 1/(k mu))."""
     if lam <= 0 or s <= 0:
         return 0.0
-    mu = 1.0 / s
-    if lam >= k * mu:
+    if lam * s >= k:
         return INF
-    return 0.5 * (1.0 / (k * mu - lam) - 1.0 / (k * mu))
+    return eq3_formula(lam, s, k)
+
+
+def eq3_formula(lam, s, k: int):
+    """wait_eq3 for a stable, busy pool; floats or numpy arrays alike."""
+    mu = 1.0 / s
+    return 0.5 * (1.0 / (k * mu - lam) - 1.0 / (k * mu))  # eq. (3)
 
 
 @dataclass(frozen=True)
@@ -140,25 +165,27 @@ def tpu_state(inst: Instance, points, variant: str = "refined", use_alpha: bool 
     on_tpu = [i for i in range(n) if points[i] > 0]
     lam_tpu = sum(models[i].rate for i in on_tpu)  # lambda^TPU
     if lam_tpu <= 0:
-        return TpuState(True, tuple(_prefix_time(models[i], points[i], 0.0, alpha[i]) if points[i] > 0 else 0.0
-                                    for i in range(n)), 0.0, 0.0, 0.0)
+        return TpuState(True, tuple(_prefix_time(models[i], points[i], 0.0, alpha[i], refined) if points[i] > 0
+                                    else 0.0 for i in range(n)), 0.0, 0.0, 0.0)
     es = es2 = 0.0
     for i in on_tpu:
         m, p = models[i], points[i]
-        base = m.s_tpu[p] + (m.io[p] if refined else 0.0)
+        base = m.tpu_mean[p] + m.io[p] if refined else m.s_tpu[p]
+        var = m.tpu_var[p] if refined else 0.0
         w = m.rate / lam_tpu
         es += w * (alpha[i] * m.t_load[p] + base)  # eq. (2)
-        es2 += w * (alpha[i] * (m.t_load[p] + base) ** 2 + (1 - alpha[i]) * base**2)
+        es2 += w * (alpha[i] * (m.t_load[p] + base) ** 2 + (1 - alpha[i]) * base**2 + var)
     rho = lam_tpu * es
     if rho >= 1:
         return TpuState(False, tuple([INF] * n), rho, lam_tpu, 0.0)
     w_tpu = lam_tpu * es2 / (2 * (1 - rho))  # eq. (1)
-    part = tuple(_prefix_time(models[i], points[i], w_tpu, alpha[i]) if points[i] > 0 else 0.0 for i in range(n))
+    part = tuple(_prefix_time(models[i], points[i], w_tpu, alpha[i], refined) if points[i] > 0 else 0.0
+                 for i in range(n))
     return TpuState(True, part, rho, lam_tpu, es2 / es**2 - 1 if es > 0 else 0.0)
 
 
-def _prefix_time(m, p: int, w_tpu: float, alpha: float) -> float:
-    return m.io[p] + w_tpu + alpha * m.t_load[p] + m.s_tpu[p]  # eq. (4), TPU part
+def _prefix_time(m, p: int, w_tpu: float, alpha: float, refined: bool) -> float:
+    return m.io[p] + w_tpu + alpha * m.t_load[p] + (m.tpu_mean if refined else m.s_tpu)[p]  # eq. (4), TPU part
 
 
 def cpu_part(m, p: int, k: int, tpu: TpuState, variant: str = "refined") -> float:
@@ -166,7 +193,7 @@ def cpu_part(m, p: int, k: int, tpu: TpuState, variant: str = "refined") -> floa
     the pool is unstable or has no core; 0 without a suffix."""
     if p >= m.last:
         return 0.0
-    s = m.s_cpu[p]
+    s = cpu_service(m, p, variant)
     if k < 1 or m.rate * s >= k:
         return INF
     if variant == "refined":
@@ -175,8 +202,15 @@ def cpu_part(m, p: int, k: int, tpu: TpuState, variant: str = "refined") -> floa
             scv_dep = tpu.rho**2 * tpu.scv_service + (1 - tpu.rho**2) * 1.0
             share = m.rate / tpu.lam
             scv_in = share * scv_dep + (1 - share)
-        return scv_in * wait_mdc(m.rate, s, k) + s
+        w_md, w_mm = pool_waits(m.rate, s, k)
+        return scv_in * w_md + m.cpu_scv[p] * (w_mm - w_md) + s
     return wait_eq3(m.rate, s, k) + s  # eq. (3)
+
+
+def cpu_service(m, p: int, variant: str) -> float:
+    """s^CPU of the suffix at ``p`` as the variant reads it: the samples' mean (refined) or the profile's
+    one-core latency (paper)."""
+    return m.cpu_mean[p] if variant == "refined" else m.s_cpu[p]
 
 
 def evaluate(inst: Instance, config: Config, variant: str = "refined", use_alpha: bool = True) -> Evaluation:
@@ -194,11 +228,12 @@ def evaluate(inst: Instance, config: Config, variant: str = "refined", use_alpha
     latency = []
     for i, m in enumerate(models):
         p, k = config.points[i], config.cores[i]
+        load = m.rate * cpu_service(m, p, variant)
         if p < m.last:
-            util[f"CPU pool of {m.name}"] = m.rate * m.s_cpu[p] / k if k else INF
+            util[f"CPU pool of {m.name}"] = load / k if k else INF
         c = cpu_part(m, p, k, tpu, variant)
         if c == INF:
-            why = "no core for its suffix" if k < 1 else f"utilisation {m.rate * m.s_cpu[p] / k:.2f}"
+            why = "no core for its suffix" if k < 1 else f"utilisation {load / k:.2f}"
             return _infeasible(n, f"CPU pool of {m.name} ({why})", util)
         latency.append(tpu.part[i] + c)
     objective = sum(m.rate * t for m, t in zip(models, latency))  # eq. (5)
