@@ -445,6 +445,9 @@ def parser() -> argparse.ArgumentParser:
     ps.add_argument("--out", default="artifacts", help="artifact root (default: artifacts)")
     ps.add_argument("--variant", choices=("refined", "paper"), default="refined", help="analytic model (default: refined)")
     ps.set_defaults(func=cmd_plan_swapless)
+    from edgeplan import cli_store
+
+    cli_store.register(sub)
     return p
 
 

@@ -51,3 +51,24 @@ class ProfileError(EdgeplanError):
 
 class PlanError(EdgeplanError):
     """No plan can be made: no stable configuration at the given rates, or the deployment is inconsistent."""
+
+
+class StoreError(EdgeplanError):
+    """The object store cannot be reached or refused an operation; the message names the store and the key."""
+
+
+class StoreKeyNotFound(StoreError):
+    """A key the operation needs is not in the store."""
+
+
+class SigningKeyError(EdgeplanError):
+    """The signing key is missing, unreadable, not ed25519, or not one the deployment's devices trust."""
+
+
+class BundleVerificationError(EdgeplanError):
+    """A manifest, a ``latest`` pointer or a blob fails its signature or checksum, or names an unknown key."""
+
+
+class PublishConflictError(EdgeplanError):
+    """What is being published contradicts what the store holds (another model under the same name and
+    version, a revision written meanwhile by someone else)."""

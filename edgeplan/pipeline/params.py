@@ -30,6 +30,7 @@ DEFAULTS: dict = {
         "kernels": "xnnpack",
         "drift_threshold": 0.10,
     },
+    "publish": {"store": ".edgeplan/store", "trusted_keys": [".edgeplan/keys"]},
     "deployments": [
         {"name": "mobilenetv2-solo", "device_class": "coral-usb-emulated",
          "models": [{"name": "mobilenetv2", "version": "latest", "rate": 10.0}]},

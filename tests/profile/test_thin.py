@@ -49,6 +49,6 @@ print("thin")
 '''
 
 
-def test_swapless_planner_imports_only_the_standard_library():
+def test_swapless_planner_imports_only_numpy_and_the_standard_library():
     proc = subprocess.run([sys.executable, "-c", PLANNER], capture_output=True, text=True, check=False)
     assert proc.returncode == 0 and "thin" in proc.stdout, proc.stderr

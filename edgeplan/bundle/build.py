@@ -1,0 +1,131 @@
+"""What a deployment revision contains: every model's verified segments at every partition point, its
+profile on the device class, the SwapLess plan, self-tests and quantization (pipeline side)."""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgeplan import __version__
+from edgeplan.artifacts import Analysis, CompileReport, ModelInfo, VerifyReport
+from edgeplan.bundle.manifest import (
+    MEDIA,
+    BlobRef,
+    ModelEntry,
+    Quantization,
+    SelfTest,
+    content_digest,
+    sha256,
+)
+from edgeplan.errors import ArtifactError
+from edgeplan.plan.swapless.plan import SwapLessPlan
+from edgeplan.profile import fleet as fleet_mod
+from edgeplan.quantize import litert
+from edgeplan.quantize.calibration import CalibrationSpec, sample_inputs
+
+SELFTESTS = 2
+SELFTEST_SEED = 77
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A revision before it has a number and a signature: blob name -> bytes, and what the manifest says."""
+
+    deployment: str
+    device_class: str
+    accelerator: str
+    compiler: str
+    code_version: str
+    models: tuple[ModelEntry, ...]
+    plan: str
+    blobs: dict  # name -> bytes
+    refs: tuple[BlobRef, ...]
+
+    @property
+    def content_sha256(self) -> str:
+        return content_digest(self.models, self.refs, self.plan)
+
+    @property
+    def size(self) -> int:
+        return sum(r.size for r in self.refs)
+
+
+def _quantization(detail: dict, float_shape) -> Quantization:
+    shape = tuple(int(x) for x in detail["shape"])
+    scale, zero = detail["quantization"]
+    perm = (0, 2, 3, 1) if len(float_shape) == 4 and tuple(float_shape) != shape else ()
+    return Quantization(tuple(int(x) for x in float_shape), shape, np.dtype(detail["dtype"]).name, float(scale),
+                        int(zero), perm)
+
+
+def _npy(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return buf.getvalue()
+
+
+def build(root: Path, name: str, params: dict) -> Bundle:
+    """The bundle of deployment ``name`` from the artifacts under ``root`` (its plan must exist: `edgeplan
+    plan swapless`). Refuses a model whose verify.json is missing, failed or made for another model.onnx."""
+    from edgeplan.pipeline.planning import deployment
+
+    dep = deployment(params, name)
+    fleet = fleet_mod.load(params, {d["name"] for d in params.get("deployments") or []})
+    dc = fleet.device_class(dep["device_class"])
+    plan_path = Path(root) / "deployments" / name / "plans" / "swapless.json"
+    if not plan_path.is_file():
+        raise ArtifactError(f"{plan_path}: missing; run `edgeplan plan swapless --deployment {name}` first")
+    plan = SwapLessPlan.load(plan_path)
+    blobs: dict[str, bytes] = {}
+    models, compilers = [], set()
+    spec = CalibrationSpec.from_params(params["quantize"]["calibration"])
+    for pm in plan.models:
+        d = Path(root) / pm.name / pm.version
+        prefix = f"models/{pm.name}/{pm.version}"
+        info = ModelInfo.load(d / "model.json")
+        report = VerifyReport.load(d / "verify.json")
+        if not report.ok or report.model_sha256 != info.sha256:
+            why = "failed verify" if not report.ok else "was verified as another model.onnx"
+            raise ArtifactError(f"{d}: {why}; nothing of it is published (see {d / 'verify.json'}, "
+                                "re-run `edgeplan compile`)")
+        analysis = Analysis.load(d / "analysis.json")
+        if analysis.last != pm.last_point:
+            raise ArtifactError(f"{plan_path}: plans {pm.name} with {pm.last_point} points, {d} has "
+                                f"{analysis.last}; re-plan")
+        for p in range(analysis.last + 1):
+            seg = d / "segments" / f"p{p}"
+            files = (["prefix_edgetpu.tflite", "prefix_int8.tflite", "compile.json"] if p > 0 else []) + (
+                ["suffix_int8.tflite"] if p < analysis.last else [])
+            for f in files:
+                path = seg / f
+                if not path.is_file():
+                    raise ArtifactError(f"{path}: missing; re-run `edgeplan compile`")
+                blobs[f"{prefix}/segments/p{p}/{f}"] = path.read_bytes()
+            if p > 0:
+                compilers.add(CompileReport.load(seg / "compile.json").compiler)
+        profile = d / "profiles" / f"{dc.name}.json"
+        if not profile.is_file():
+            raise ArtifactError(f"{profile}: missing; run `edgeplan profile run {d} --device-class {dc.name}`")
+        blobs[f"{prefix}/profiles/{dc.name}.json"] = profile.read_bytes()
+        # self-tests: float inputs and the whole int8 model's output (every prefix -> suffix chain equals it)
+        whole = litert.interpreter((d / "model_int8.tflite").read_bytes(), deterministic=True)
+        in_d, out_d = whole.get_input_details()[0], whole.get_output_details()[0]
+        xs = sample_inputs(spec, info.inputs[0].shape, SELFTESTS, seed=SELFTEST_SEED)
+        tests = []
+        for k, x in enumerate(xs):
+            y = litert.run(whole, litert.quantize(litert.nchw_to_nhwc(x[None]), in_d))
+            blobs[f"{prefix}/selftest/input_{k}.npy"] = _npy(x[None])
+            blobs[f"{prefix}/selftest/expected_{k}.npy"] = _npy(y)
+            tests.append(SelfTest(f"{prefix}/selftest/input_{k}.npy", f"{prefix}/selftest/expected_{k}.npy"))
+        models.append(ModelEntry(pm.name, pm.version, info.sha256, analysis.last,
+                                 _quantization(in_d, info.inputs[0].shape),
+                                 _quantization(out_d, info.outputs[0].shape), tuple(tests),
+                                 f"{prefix}/profiles/{dc.name}.json"))
+    blobs[f"deployments/{name}/plans/swapless.json"] = plan_path.read_bytes()
+    refs = tuple(BlobRef(n, MEDIA.get(Path(n).suffix, "application/octet-stream"), len(b), sha256(b))
+                 for n, b in sorted(blobs.items()))
+    compiler = "emulated" if "emulated" in compilers or not compilers else min(compilers)
+    return Bundle(name, dc.name, dc.accelerator.kind, compiler, __version__, tuple(models),
+                  f"deployments/{name}/plans/swapless.json", blobs, refs)

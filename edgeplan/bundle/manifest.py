@@ -1,0 +1,181 @@
+"""The signed manifest of a deployment revision and the ``latest`` pointer (standard library + keys).
+
+A manifest lists every blob of the revision (name, media type, size, sha256) for every model of the
+deployment, the plan, the profiles, self-test inputs with expected outputs and the input/output
+quantization; its signature (ed25519) covers the canonical JSON (sorted keys, no whitespace) of the
+manifest without its ``signature`` field. ``latest`` = {revision, manifest_sha256}, signed the same way.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, replace
+
+from edgeplan.artifacts import _FIELD_TYPES, _Record
+from edgeplan.bundle import keys
+from edgeplan.errors import BundleVerificationError
+
+MEDIA = {
+    ".tflite": "application/vnd.tflite",
+    ".json": "application/json",
+    ".npy": "application/x-npy",
+    ".onnx": "application/vnd.onnx",
+}
+
+
+def canonical(data: dict) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def blob_key(sha256: str) -> str:
+    return f"blobs/sha256/{sha256}"
+
+
+def manifest_key(deployment: str, revision: int) -> str:
+    return f"deployments/{deployment}/{revision}/manifest.json"
+
+
+def latest_key(deployment: str) -> str:
+    return f"deployments/{deployment}/latest"
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    name: str  # the path inside the bundle, e.g. models/mobilenetv2/1/segments/p3/prefix_edgetpu.tflite
+    media_type: str
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """How the runtime turns a float tensor into the int8 model's and back: q = round(x / scale) + zero_point,
+    after transposing the float layout (NCHW, as the ONNX model takes it) to the int8 model's (NHWC)."""
+
+    float_shape: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    scale: float
+    zero_point: int
+    to_int8_layout: tuple[int, ...]  # axes permutation from float_shape to shape (empty: none)
+
+
+@dataclass(frozen=True)
+class SelfTest:
+    input: str  # blob name: float input (.npy, float layout)
+    expected: str  # blob name: the whole int8 model's int8 output on it (.npy)
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    version: str
+    model_sha256: str  # the canonical ONNX model's fingerprint
+    points: int  # P: partition points 0..P
+    input: Quantization
+    output: Quantization
+    selftests: tuple[SelfTest, ...]
+    profile: str  # blob name of profiles/<device class>.json
+
+
+@dataclass(frozen=True)
+class Manifest(_Record):
+    deployment: str
+    revision: int
+    device_class: str
+    accelerator: str  # the device class's accelerator kind (a real edgetpu-usb refuses emulated prefixes)
+    compiler: str  # "edgetpu_compiler" or "emulated": what made the prefixes
+    code_version: str
+    created: str
+    content_sha256: str  # over blobs and models: equal content, equal digest (no new revision)
+    key_id: str
+    models: tuple[ModelEntry, ...]
+    plan: str  # blob name of the SwapLess plan
+    blobs: tuple[BlobRef, ...]
+    signature: str = ""
+    schema_version: int = 1
+
+    def payload(self) -> bytes:
+        data = self.to_json()
+        data.pop("signature")
+        return canonical(data)
+
+    def signed(self, key: keys.SigningKey) -> Manifest:
+        unsigned = replace(self, key_id=key.key_id, signature="")
+        return replace(unsigned, signature=key.sign(unsigned.payload()))
+
+    def encoded(self) -> bytes:
+        """The bytes stored (canonical JSON, signature included); their sha256 is what ``latest`` names."""
+        return canonical(self.to_json())
+
+    def blob(self, name: str) -> BlobRef:
+        for b in self.blobs:
+            if b.name == name:
+                return b
+        raise BundleVerificationError(f"manifest of {self.deployment} revision {self.revision}: no blob {name!r}")
+
+    @classmethod
+    def parse(cls, data: bytes, trusted, where: str) -> Manifest:
+        """Decode and verify a stored manifest against trusted public keys (by key id)."""
+        try:
+            m = cls.from_json(json.loads(data), source=where)
+        except (ValueError, TypeError) as e:
+            raise BundleVerificationError(f"{where}: not a manifest ({e})") from None
+        keys.verify(trusted, m.key_id, m.payload(), m.signature, where)
+        return m
+
+
+@dataclass(frozen=True)
+class Latest(_Record):
+    deployment: str
+    revision: int
+    manifest_sha256: str
+    key_id: str = ""
+    signature: str = ""
+    schema_version: int = 1
+
+    def payload(self) -> bytes:
+        data = self.to_json()
+        data.pop("signature")
+        return canonical(data)
+
+    def signed(self, key: keys.SigningKey) -> Latest:
+        unsigned = replace(self, key_id=key.key_id, signature="")
+        return replace(unsigned, signature=key.sign(unsigned.payload()))
+
+    def encoded(self) -> bytes:
+        return canonical(self.to_json())
+
+    @classmethod
+    def parse(cls, data: bytes, trusted, where: str) -> Latest:
+        try:
+            latest = cls.from_json(json.loads(data), source=where)
+        except (ValueError, TypeError) as e:
+            raise BundleVerificationError(f"{where}: not a latest pointer ({e})") from None
+        keys.verify(trusted, latest.key_id, latest.payload(), latest.signature, where)
+        return latest
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def content_digest(models, blobs, plan: str) -> str:
+    """What a revision serves, independent of its number, time and key: equal digests need no new revision."""
+    return sha256(canonical({"models": [_plain(m) for m in models], "blobs": sorted((b.name, b.sha256) for b in blobs),
+                             "plan": plan}))
+
+
+def _plain(obj):
+    from edgeplan.artifacts import _to_jsonable
+
+    return _to_jsonable(obj)
+
+
+_FIELD_TYPES.update({
+    ("Manifest", "models"): ModelEntry,
+    ("Manifest", "blobs"): BlobRef,
+    ("ModelEntry", "input"): Quantization,
+    ("ModelEntry", "output"): Quantization,
+    ("ModelEntry", "selftests"): SelfTest,
+})
