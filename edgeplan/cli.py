@@ -443,11 +443,12 @@ def parser() -> argparse.ArgumentParser:
                           "swapless.json with a rate-regime table, the partitions to preload and the baselines.")
     ps.add_argument("--deployment", required=True, help="a deployment of params.yaml")
     ps.add_argument("--out", default="artifacts", help="artifact root (default: artifacts)")
-    ps.add_argument("--variant", choices=("refined", "paper"), default="refined", help="analytic model (default: refined)")
+    ps.add_argument("--variant", choices=("refined", "paper"), help="analytic model (default: params.yaml plan.variant)")
     ps.set_defaults(func=cmd_plan_swapless)
-    from edgeplan import cli_store
+    from edgeplan import cli_run, cli_store
 
     cli_store.register(sub)
+    cli_run.register(sub)
     return p
 
 

@@ -25,6 +25,10 @@ class ConversionError(EdgeplanError):
     """The int8 TFLite conversion failed; the message names the ONNX op when the converter said which."""
 
 
+class ModelVersionConflictError(EdgeplanError):
+    """A model name and version that already hold another model."""
+
+
 class CutError(EdgeplanError):
     """A tensor cannot be used as a cut of a graph (it is not a single-tensor cut, or it is unknown)."""
 

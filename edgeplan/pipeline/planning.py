@@ -10,8 +10,6 @@ from edgeplan.plan.swapless.instance import Instance
 from edgeplan.profile import fleet as fleet_mod
 from edgeplan.profile.schema import Profile
 
-PRELOAD_RAM_SHARE = 0.5  # of the device class's RAM, for preloaded partitions
-
 
 def deployment(params: dict, name: str) -> dict:
     deps = {d["name"]: d for d in params.get("deployments") or []}
@@ -33,7 +31,11 @@ def resolve_version(root: Path, model: str, version: str) -> str:
     return max(found, key=lambda v: (0, int(v)) if v.isdigit() else (1, v))
 
 
-def plan_swapless(root: Path, name: str, params: dict, variant: str = "refined") -> tuple[plan_mod.SwapLessPlan, Path]:
+def plan_swapless(root: Path, name: str, params: dict, variant: str | None = None) -> tuple[plan_mod.SwapLessPlan, Path]:
+    """Plan deployment ``name`` (params.yaml ``plan`` sets the variant, the regime grid and the preload RAM
+    share; ``variant`` overrides)."""
+    settings = params["plan"]
+    variant = variant or settings["variant"]
     dep = deployment(params, name)
     fleet = fleet_mod.load(params, {d["name"] for d in params.get("deployments") or []})
     dc = fleet.device_class(dep["device_class"])
@@ -63,8 +65,9 @@ def plan_swapless(root: Path, name: str, params: dict, variant: str = "refined")
         files = [seg / "prefix_edgetpu.tflite", seg / "suffix_int8.tflite"]
         return sum(f.stat().st_size for f in files if f.is_file())
 
-    result = plan_mod.make(name, dc.name, inst, versions, segment_bytes, int(dc.ram_bytes * PRELOAD_RAM_SHARE),
-                           variant, tuple(notes), "emulated" if "emulated" in sources else "measured")
+    result = plan_mod.make(name, dc.name, inst, versions, segment_bytes,
+                           int(dc.ram_bytes * settings["preload_ram_share"]), variant, tuple(notes),
+                           "emulated" if "emulated" in sources else "measured", tuple(settings["rate_factors"]))
     out = Path(root) / "deployments" / name / "plans" / "swapless.json"
     result.save(out)
     return result, out

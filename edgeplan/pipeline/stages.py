@@ -21,7 +21,7 @@ from edgeplan.artifacts import (
     write_bytes_atomic,
     write_json_atomic,
 )
-from edgeplan.errors import ArtifactError, EdgeplanError
+from edgeplan.errors import ArtifactError, EdgeplanError, ModelVersionConflictError
 from edgeplan.graph.cuts import Candidate, choose_evenly, endpoints, single_tensor_cuts
 from edgeplan.graph.ingest import load_any
 from edgeplan.graph.model import GraphView, fingerprint
@@ -49,9 +49,17 @@ def ingest(source: str | Path, name: str, version: str, out_root: Path,
     path = resolve(src, Path(out_root) / ".zoo")
     model = load_any(path, input_shape=input_shape)
     data = model.SerializeToString(deterministic=True)
+    sha = fingerprint(model)
+    if (out / "model.json").is_file():  # a version names one model: the same again is a no-op, another is refused
+        held = ModelInfo.load(out / "model.json")
+        if held.sha256 != sha:
+            raise ModelVersionConflictError(
+                f"{name} version {version} already exists in {out} as another model (sha256 {held.sha256[:12]}..., "
+                f"from {held.source}); the one submitted ({src}) is {sha[:12]}.... Submit it as a new version.")
+        if (out / "model.onnx").is_file():
+            return out
     out.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(out / "model.onnx", data)
-    sha = fingerprint(model)
     GraphView(model).info(name, str(version), src, sha).save(out / "model.json")
     return out
 

@@ -82,7 +82,11 @@ def to_int8_tflite(onnx_path: Path, calibration: np.ndarray, workdir: Path, time
     import tensorflow as tf
 
     workdir.mkdir(parents=True, exist_ok=True)
-    onnx_path = Path(onnx_path).resolve()  # onnx2tf runs in workdir
+    # onnx2tf rewrites the model it is given (it simplifies it in place): give it a copy, so model.onnx keeps
+    # the bytes its fingerprint in model.json was taken from
+    source = Path(onnx_path).resolve()
+    onnx_path = workdir / "input.onnx"
+    shutil.copyfile(source, onnx_path)
     _onnx2tf(onnx_path, workdir, timeout)
     data = calibration.transpose(0, 2, 3, 1) if calibration.ndim == 4 else calibration
 

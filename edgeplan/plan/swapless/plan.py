@@ -95,7 +95,7 @@ def bottleneck(inst: Instance, variant: str = "refined") -> str:
 
 def make(deployment: str, device_class: str, inst: Instance, versions: list[str], segment_bytes,
          ram_budget: int, variant: str = "refined", notes: tuple[str, ...] = (),
-         tpu_source: str = "emulated") -> SwapLessPlan:
+         tpu_source: str = "emulated", rate_factors=RATE_FACTORS) -> SwapLessPlan:
     """``segment_bytes(model_index, point)`` -> bytes a device holds to run that partition."""
     chosen = best(inst, variant)
     if chosen.config is None:
@@ -107,7 +107,7 @@ def make(deployment: str, device_class: str, inst: Instance, versions: list[str]
     models = tuple(PlannedModel(m.name, v, m.rate, m.last, p, k, t * 1e3) for m, v, p, k, t in
                    zip(inst.models, versions, chosen.config.points, chosen.config.cores, ev.latency))
     regimes = []
-    for factors in itertools.product(RATE_FACTORS, repeat=len(inst.models)):
+    for factors in itertools.product(rate_factors, repeat=len(inst.models)):
         rates = tuple(r * f for r, f in zip(inst.rates, factors))
         scaled = inst.with_rates(rates)
         found = best(scaled, variant)

@@ -1,0 +1,108 @@
+"""``edgeplan run``: the compile-model flow on Prefect (its ephemeral server unless PREFECT_API_URL names
+one), a local store and key by default."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from edgeplan.errors import SigningKeyError
+
+out = Console()
+
+
+def ensure_key(params: dict, key: str | None) -> str | None:
+    """The signing key to publish with, checked before anything runs; with no key anywhere, a development
+    key is made beside the trusted keys (and so trusted)."""
+    from edgeplan.cli_store import signing_key, trusted_dirs
+
+    import os
+
+    from edgeplan.bundle.keys import ENV
+
+    from edgeplan.bundle.publish import check_signing_key
+    from edgeplan.cli_store import trusted_keys
+
+    try:
+        found = signing_key(key, params)
+        check_signing_key(found, trusted_keys(params))  # refused now, not after the conversion
+        return None if key is None and os.environ.get(ENV) else found.source  # the same key, the same name
+    except SigningKeyError as e:
+        if key is not None or "no signing key" not in str(e):
+            raise
+    from edgeplan.bundle import keys
+
+    kid, key_path, _ = keys.generate(trusted_dirs(params)[0])
+    out.print(f"[yellow]note:[/] no signing key configured: made development key {kid} in {key_path.parent} "
+              "(devices trust it through publish.trusted_keys; use your own with --key or EDGEPLAN_SIGNING_KEY)")
+    return str(key_path)
+
+
+def cmd_run(args, params) -> int:
+    import os
+
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING" if not args.verbose else "INFO")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # offline; and its sqlite insert races
+    key = ensure_key(params, args.key)
+    from flows.compile_model import compile_model
+
+    t0 = time.perf_counter()
+    kwargs = dict(source=args.model, name=args.name, version=args.version, root=args.out, params_file=args.params,
+                  store=args.store, key=key, input_shape=args.input_shape, refresh=args.refresh)
+    if args.dask:
+        from prefect_dask import DaskTaskRunner
+
+        flow = compile_model.with_options(task_runner=DaskTaskRunner(address=args.dask))
+    else:
+        flow = compile_model
+    summary = flow(**kwargs)
+    print_summary(summary, time.perf_counter() - t0)
+    return 0
+
+
+def print_summary(summary: dict, seconds: float) -> None:
+    t = Table(title=f"compile-model {summary['model']} {summary['version']}: {summary['cache_hits']} of "
+                    f"{len(summary['tasks'])} task runs from the cache, {seconds:.1f} s")
+    for col in ("task", "state", "seconds", "on"):
+        t.add_column(col)
+    for r in summary["tasks"]:
+        t.add_row(r["task"], "[green]cached[/]" if r["cached"] else r["state"], f"{r['seconds']:.2f}", r["args"])
+    out.print(t)
+    if summary["plans"]:
+        p = Table(title="SwapLess plans (Edge TPU times EMULATED where marked)")
+        for col in ("deployment", "model", "point", "cores", "predicted ms"):
+            p.add_column(col)
+        for r in summary["plans"]:
+            p.add_row(r["deployment"], f"{r['model']}:{r['version']}", f"{r['point']}/{r['of']}", str(r["cores"]),
+                      f"{r['predicted_ms']:.2f}" + (" (EMULATED TPU)" if r["tpu"] == "emulated" else ""))
+        out.print(p)
+    for r in summary["published"]:
+        if r["new_revision"]:
+            out.print(f"published {r['deployment']} revision {r['revision']}: {r['blobs']} blobs, "
+                      f"{r['uploaded_bytes']:,} B uploaded; devices: {r['devices'] or 'none'}")
+        else:
+            out.print(f"{r['deployment']}: revision {r['revision']} already serves this content")
+    out.print(f"artifacts in {Path(summary['artifacts'])}")
+
+
+def register(sub) -> None:
+    sp = sub.add_parser("run", help="the whole pipeline for a new model version, on Prefect (compile-model flow)",
+                        description="Runs the compile-model flow: ingest, analyze, int8, cut, compile, verify, profile; "
+                        "then for every deployment serving the model (a one-model deployment on coral-usb-emulated "
+                        "when none does): plan, bundle, sign and publish a new revision. Cached by content: an "
+                        "unchanged model re-runs nothing. With nothing configured it uses Prefect's ephemeral "
+                        "server (set PREFECT_API_URL for a real one), the local store of params.yaml publish.store "
+                        "and a development signing key.")
+    sp.add_argument("model", help="a .onnx/.keras file, a SavedModel directory, or zoo:NAME")
+    sp.add_argument("--name", required=True)
+    sp.add_argument("--version", required=True)
+    sp.add_argument("--out", default="artifacts", help="artifact root (default: artifacts)")
+    sp.add_argument("--input-shape", type=lambda s: [int(x) for x in s.split(",")],
+                    help="N,C,H,W for a model with dynamic dimensions")
+    sp.add_argument("--store", help="store URI (default: params.yaml publish.store)")
+    sp.add_argument("--key", help="signing key file (default: $EDGEPLAN_SIGNING_KEY, else the trusted directory's)")
+    sp.add_argument("--dask", metavar="ADDRESS", help="run tasks on this Dask scheduler (prefect-dask)")
+    sp.add_argument("--refresh", action="store_true", help="ignore the task cache and run every stage")
+    sp.set_defaults(func=cmd_run)

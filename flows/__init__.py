@@ -1,0 +1,1 @@
+"""Prefect flows: composition only (the stages are ``tasks``, the algorithms ``edgeplan``)."""

@@ -1,0 +1,100 @@
+"""What the flows share: params, which deployments a model serves, running tasks with a record of cache
+hits, and the run's report (Prefect artifacts; the CLI prints the same)."""
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+DEFAULT_CLASS = "coral-usb-emulated"
+DEFAULT_RATE = 10.0
+
+
+def load_params(params_file: str | None) -> dict:
+    from edgeplan.pipeline import params as params_mod
+
+    return params_mod.load(params_file)
+
+
+@dataclass
+class Ledger:
+    """Runs tasks and records, per task run, whether it came from the cache and how long it took."""
+
+    refresh: bool = False
+    rows: list = field(default_factory=list)
+
+    def run(self, task, *args):
+        t0 = time.perf_counter()
+        state = task.with_options(refresh_cache=self.refresh or None)(*args, return_state=True)
+        seconds = time.perf_counter() - t0
+        self.rows.append({"task": task.name, "cached": state.name == "Cached", "state": state.name,
+                          "seconds": round(seconds, 3), "args": " ".join(str(a) for a in args[:3]
+                                                                          if isinstance(a, str))})
+        return state.result()
+
+    @property
+    def hits(self) -> int:
+        return sum(r["cached"] for r in self.rows)
+
+    def ran(self) -> list[str]:
+        return [r["task"] for r in self.rows if not r["cached"]]
+
+
+def deployments_serving(params: dict, name: str, version: str, root: str) -> tuple[dict, list[str]]:
+    """The deployments that serve ``name`` at ``version`` (explicitly, or as ``latest`` when it is the newest
+    version under ``root``), with every model's version made explicit; a model no deployment serves gets a
+    one-model deployment ``<name>-solo`` on coral-usb-emulated. Returns (params with those deployments, names)."""
+    from edgeplan.pipeline.planning import resolve_version
+
+    params = copy.deepcopy(params)
+    served = []
+    for d in params["deployments"]:
+        hit = False
+        for m in d["models"]:
+            v = str(m.get("version", "latest"))
+            if m["name"] == name and (v == str(version) or (v == "latest" and resolve_version(Path(root), name, v) == str(version))):
+                hit = True
+        if hit:
+            for m in d["models"]:
+                m["version"] = str(version) if m["name"] == name else resolve_version(Path(root), m["name"],
+                                                                                    str(m.get("version", "latest")))
+            served.append(d["name"])
+    if not served:
+        solo = f"{name}-solo"
+        params["deployments"].append({"name": solo, "device_class": DEFAULT_CLASS,
+                                      "models": [{"name": name, "version": str(version), "rate": DEFAULT_RATE}]})
+        served.append(solo)
+    return params, served
+
+
+def device_classes(params: dict, served: list[str]) -> list[str]:
+    return sorted({d["device_class"] for d in params["deployments"] if d["name"] in served})
+
+
+def report(ledger: Ledger, name: str, version: str, model_dir: str, plans: dict, published: dict) -> dict:
+    """The run's summary as Prefect artifacts (a table of task runs, a markdown page) and as a dict."""
+    plan_rows = []
+    for dep, p in plans.items():
+        for m in p.models:
+            plan_rows.append({"deployment": dep, "model": m.name, "version": m.version, "point": m.point,
+                              "of": m.last_point, "cores": m.cores,
+                              "predicted_ms": round(m.predicted_latency_ms, 3), "tpu": p.tpu_source})
+    pub_rows = [{"deployment": dep, "revision": r.revision, "new_revision": r.new_revision, "blobs": r.blobs,
+                 "uploaded_bytes": r.uploaded_bytes, "devices": ", ".join(r.devices)} for dep, r in published.items()]
+    summary = {"model": name, "version": version, "artifacts": model_dir, "tasks": ledger.rows,
+               "cache_hits": ledger.hits, "ran": ledger.ran(), "plans": plan_rows, "published": pub_rows}
+    create_table_artifact(key="task-runs", table=ledger.rows, description=f"{name} {version}: task runs "
+                          f"({ledger.hits} from the cache)")
+    lines = [f"# compile-model: {name} {version}", "", f"artifacts: `{model_dir}`; {ledger.hits} of "
+             f"{len(ledger.rows)} task runs from the cache; ran: {', '.join(ledger.ran()) or 'nothing'}", "",
+             "| deployment | model | point | cores | predicted ms |", "|---|---|---|---|---|"]
+    lines += [f"| {r['deployment']} | {r['model']}:{r['version']} | {r['point']}/{r['of']} | {r['cores']} | "
+              f"{r['predicted_ms']} ({'EMULATED TPU' if r['tpu'] == 'emulated' else r['tpu']}) |" for r in plan_rows]
+    lines += ["", "| deployment | revision | new | blobs | uploaded bytes | devices |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['deployment']} | {r['revision']} | {r['new_revision']} | {r['blobs']} | {r['uploaded_bytes']:,} | "
+              f"{r['devices']} |" for r in pub_rows]
+    create_markdown_artifact(key="compile-model-report", markdown="\n".join(lines))
+    return summary

@@ -1,0 +1,89 @@
+"""The model stages as tasks: ingest, build (int8 conversion, cuts, Edge TPU compile), verify, profile."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.concurrency.sync import concurrency
+from prefect.logging import get_run_logger
+
+from edgeplan.errors import EdgeplanError
+from tasks.cache import abs_path, content_key
+
+CONVERSION_LIMIT = "edgeplan-conversion"  # global concurrency limit: int8 conversions are memory-heavy
+MODEL_CODE = ("graph", "surgery", "zoo", "artifacts.py", "errors.py", "pipeline/stages.py")
+BUILD_CODE = (*MODEL_CODE, "quantize", "compile")
+
+
+class VerifyFailed(EdgeplanError):
+    """A model failed verify: nothing of it is planned or published."""
+
+
+def _source_files(parameters: dict):
+    src = str(parameters["source"])
+    return [] if src.startswith("zoo:") else [abs_path(src)]
+
+
+@task(name="ingest", cache_key_fn=content_key(_source_files, ["models"], MODEL_CODE,
+                                              scalars=("source", "name", "version", "root", "input_shape")),
+      persist_result=True, timeout_seconds=900)
+def ingest(source: str, name: str, version: str, root: str, input_shape=None, params: dict | None = None) -> str:
+    """model.onnx + model.json (a different model under an existing name and version is refused)."""
+    from edgeplan.pipeline import stages
+
+    return str(stages.ingest(source, name, version, Path(root), input_shape))
+
+
+@task(name="build", cache_key_fn=content_key(lambda p: [Path(p["model_dir"]) / "model.onnx"],
+                                             ["analysis", "quantize", "compile"], BUILD_CODE, scalars=("model_dir",)),
+      persist_result=True, timeout_seconds=3600, tags=["conversion"])
+def build(model_dir: str, params: dict):
+    """The one int8 conversion, the matched points, segments and Edge TPU compile at every point."""
+    from edgeplan.pipeline import stages
+
+    log = get_run_logger()
+    with concurrency(CONVERSION_LIMIT, occupy=1, strict=False):
+        result = stages.build(Path(model_dir), params,
+                              lambda stage, done, total: log.info("%s %d/%d", stage, done, total) if done == total else None)
+    if result.errors:
+        log.warning("points failing to build: %s", result.errors)
+    return result
+
+
+def _verify_inputs(p: dict):
+    d = Path(p["model_dir"])
+    return [d / "model.onnx", d / "model_int8.tflite", d / "analysis.json", d / "segments"]
+
+
+@task(name="verify", cache_key_fn=content_key(_verify_inputs, ["verify", "quantize.calibration"],
+                                              (*BUILD_CODE, "verify"), scalars=("model_dir",)),
+      persist_result=True, timeout_seconds=1800)
+def verify(model_dir: str, params: dict):
+    """Every check at every point; raises VerifyFailed (after writing verify.json) when any fails."""
+    from edgeplan.pipeline import stages
+
+    report = stages.verify(Path(model_dir), params)
+    if not report.ok:
+        failed = [c.point for c in report.points if not c.ok]
+        raise VerifyFailed(f"{model_dir}: verify failed at points {failed}"
+                           + ("" if report.input_dependence_ok else " and the output ignores the input")
+                           + f"; see {Path(model_dir) / 'verify.json'}. Nothing of it is published.")
+    return report
+
+
+def _profile_inputs(p: dict):
+    d = Path(p["model_dir"])
+    return [d / "segments", d / "analysis.json"]
+
+
+@task(name="profile", cache_key_fn=content_key(_profile_inputs, lambda p: ["profile", f"fleet.device_classes.{p['device_class']}"],
+                                               ("profile", "artifacts.py", "compile/emulated.py"),
+                                               scalars=("model_dir", "device_class")),
+      persist_result=True, timeout_seconds=3600)
+def profile(model_dir: str, device_class: str, params: dict) -> str:
+    """profiles/<device class>.json: CPU timed here (or predicted), the Edge TPU emulated when it is."""
+    from edgeplan.profile import cpu, fleet, run
+
+    dc = fleet.load(params, {d["name"] for d in params.get("deployments") or []}).device_class(device_class)
+    run.profile(Path(model_dir), dc, cpu.Settings.from_params(params["profile"]))
+    return str(Path(model_dir) / "profiles" / f"{device_class}.json")

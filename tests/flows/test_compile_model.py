@@ -1,0 +1,97 @@
+"""`edgeplan run` end to end on Prefect's ephemeral server (a real server process, started by Prefect), a
+local store and a generated key: cold run, warm run from the cache, a planner parameter change, a conflicting
+model, a wrong key, and a run killed mid-build that a rerun resumes."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+FAST_PROFILE = {"repeats": 10, "span_s": 0.5, "budget_s": 1.0}
+
+
+def edgeplan(cwd: Path, *args, timeout=900):
+    env = {**os.environ, "PREFECT_HOME": str(cwd / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    return subprocess.run([sys.executable, "-m", "edgeplan.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def ran_tasks(out: str) -> dict:
+    """task -> 'cached' | state, from the run's summary table."""
+    found = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip("│┃ ").split("│")]
+        if len(cells) >= 3 and cells[0] in ("ingest", "build", "verify", "profile", "plan", "publish"):
+            found[cells[0]] = cells[1]
+    return found
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    (d / "params.yaml").write_text(yaml.safe_dump({"profile": FAST_PROFILE}))
+    return d
+
+
+def test_cold_then_warm_then_plan_change(workdir):
+    cold = edgeplan(workdir, "run", "zoo:tiny_cnn", "--name", "tiny", "--version", "1")
+    assert cold.returncode == 0, cold.stderr[-3000:]
+    assert set(ran_tasks(cold.stdout).values()) == {"Completed"}, cold.stdout
+    assert "published tiny-solo revision 1" in cold.stdout and "development key" in cold.stdout
+    store = workdir / ".edgeplan" / "store"
+    latest = json.loads((store / "deployments" / "tiny-solo" / "latest").read_text())
+    assert latest["revision"] == 1
+    # the same model version again: everything from the cache, nothing published
+    warm = edgeplan(workdir, "run", "zoo:tiny_cnn", "--name", "tiny", "--version", "1")
+    assert warm.returncode == 0, warm.stderr[-3000:]
+    assert set(ran_tasks(warm.stdout).values()) == {"cached"}, warm.stdout
+    # one planner parameter changed: only plan and publish run, and publish makes revision 2
+    (workdir / "params.yaml").write_text(yaml.safe_dump({"profile": FAST_PROFILE,
+                                                         "plan": {"rate_factors": [0.5, 1.0, 2.0, 4.0]}}))
+    try:
+        changed = edgeplan(workdir, "run", "zoo:tiny_cnn", "--name", "tiny", "--version", "1")
+    finally:
+        (workdir / "params.yaml").write_text(yaml.safe_dump({"profile": FAST_PROFILE}))
+    assert changed.returncode == 0, changed.stderr[-3000:]
+    states = ran_tasks(changed.stdout)
+    assert [t for t, s in states.items() if s != "cached"] == ["plan", "publish"], changed.stdout
+    assert "revision 2" in changed.stdout
+
+
+def test_conflicting_model_and_wrong_key_are_refused(workdir):
+    other = edgeplan(workdir, "run", "zoo:light_squeezenet", "--name", "tiny", "--version", "1")
+    assert other.returncode == 2 and "already exists" in other.stderr and "new version" in other.stderr
+    from edgeplan.bundle import keys
+
+    _, stranger, _ = keys.generate(workdir / "stranger")
+    wrong = edgeplan(workdir, "run", "zoo:tiny_cnn", "--name", "tiny", "--version", "9", "--key", str(stranger))
+    assert wrong.returncode == 2 and "do not trust" in wrong.stderr
+    assert not (workdir / "artifacts" / "tiny" / "9").exists()  # refused before anything ran
+
+
+def test_killed_mid_build_resumes(workdir):
+    env = {**os.environ, "PREFECT_HOME": str(workdir / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    proc = subprocess.Popen([sys.executable, "-m", "edgeplan.cli", "run", "zoo:tiny_cnn", "--name", "tiny",
+                             "--version", "2"], cwd=workdir, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    model_json = workdir / "artifacts" / "tiny" / "2" / "model.json"
+    deadline = time.time() + 300
+    while not model_json.exists() and time.time() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # inside the build (its int8 conversion takes ~10 s)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (workdir / "artifacts" / "tiny" / "2" / "verify.json").exists()
+    again = edgeplan(workdir, "run", "zoo:tiny_cnn", "--name", "tiny", "--version", "2")
+    assert again.returncode == 0, again.stderr[-3000:]
+    states = ran_tasks(again.stdout)
+    assert states["ingest"] == "cached" and states["build"] == "Completed", again.stdout
+    assert json.loads((workdir / "artifacts" / "tiny" / "2" / "verify.json").read_text())["ok"]
