@@ -2,9 +2,11 @@
 plan -> signed bundle -> a new published revision. Nothing that failed verify is published."""
 from __future__ import annotations
 
+import time
+
 from prefect import flow
 
-from flows.common import Ledger, deployments_serving, device_classes, load_params, report
+from flows.common import Ledger, deployments_serving, device_classes, ensure_concurrency_limit, load_params, report
 from tasks import deployment as dep_tasks
 from tasks import model as model_tasks
 
@@ -13,7 +15,9 @@ from tasks import model as model_tasks
 def compile_model(source: str, name: str, version: str, root: str = "artifacts", params_file: str | None = None,
                   store: str | None = None, key: str | None = None, input_shape: list[int] | None = None,
                   refresh: bool = False) -> dict:
+    started = time.time()
     params = load_params(params_file)
+    ensure_concurrency_limit(model_tasks.CONVERSION_LIMIT, params["orchestration"]["conversion_slots"])
     ledger = Ledger(refresh)
     model_dir = ledger.run(model_tasks.ingest, source, name, version, root, input_shape, params)
     ledger.run(model_tasks.build, model_dir, params)
@@ -25,4 +29,5 @@ def compile_model(source: str, name: str, version: str, root: str = "artifacts",
     for d in served:
         plans[d] = ledger.run(dep_tasks.plan, root, d, params)
         published[d] = ledger.run(dep_tasks.publish, root, d, params, store, key)
-    return report(ledger, name, version, model_dir, plans, published)
+    return {**report(ledger, name, version, model_dir, plans, published), "flow_started": started,
+            "flow_seconds": time.time() - started}
