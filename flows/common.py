@@ -19,23 +19,6 @@ def load_params(params_file: str | None) -> dict:
     return params_mod.load(params_file)
 
 
-def ensure_concurrency_limit(name: str, slots: int) -> None:
-    """The global concurrency limit ``name`` with ``slots`` slots on the server the flow runs against."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.exceptions import ObjectNotFound
-
-    with get_client(sync_client=True) as client:
-        try:
-            held = client.read_global_concurrency_limit_by_name(name)
-            if held.limit != slots:
-                from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-
-                client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=slots))
-        except ObjectNotFound:
-            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=slots))
-
-
 @dataclass
 class Ledger:
     """Runs tasks and records, per task run, whether it came from the cache and how long it took."""

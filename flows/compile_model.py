@@ -6,7 +6,7 @@ import time
 
 from prefect import flow
 
-from flows.common import Ledger, deployments_serving, device_classes, ensure_concurrency_limit, load_params, report
+from flows.common import Ledger, deployments_serving, device_classes, load_params, report
 from tasks import deployment as dep_tasks
 from tasks import model as model_tasks
 
@@ -17,7 +17,6 @@ def compile_model(source: str, name: str, version: str, root: str = "artifacts",
                   refresh: bool = False) -> dict:
     started = time.time()
     params = load_params(params_file)
-    ensure_concurrency_limit(model_tasks.CONVERSION_LIMIT, params["orchestration"]["conversion_slots"])
     ledger = Ledger(refresh)
     model_dir = ledger.run(model_tasks.ingest, source, name, version, root, input_shape, params)
     ledger.run(model_tasks.build, model_dir, params)

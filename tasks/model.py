@@ -4,13 +4,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import task
-from prefect.concurrency.sync import concurrency
 from prefect.logging import get_run_logger
 
 from edgeplan.errors import EdgeplanError
 from tasks.cache import abs_path, content_key
+from tasks.slots import slot
 
-CONVERSION_LIMIT = "edgeplan-conversion"  # global concurrency limit: int8 conversions are memory-heavy
 MODEL_CODE = ("graph", "surgery", "zoo", "artifacts.py", "errors.py", "pipeline/stages.py")
 BUILD_CODE = (*MODEL_CODE, "quantize", "compile")
 
@@ -42,7 +41,7 @@ def build(model_dir: str, params: dict):
     from edgeplan.pipeline import stages
 
     log = get_run_logger()
-    with concurrency(CONVERSION_LIMIT, occupy=1, strict=False):
+    with slot("conversion", params["orchestration"]["conversion_slots"], log=log):
         result = stages.build(Path(model_dir), params,
                               lambda stage, done, total: log.info("%s %d/%d", stage, done, total) if done == total else None)
     if result.errors:
