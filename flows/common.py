@@ -14,9 +14,22 @@ DEFAULT_RATE = 10.0
 
 
 def load_params(params_file: str | None) -> dict:
+    """params.yaml with its local paths made absolute (tasks may run on Dask workers in another directory)."""
     from edgeplan.pipeline import params as params_mod
 
-    return params_mod.load(params_file)
+    params = params_mod.load(params_file)
+    pub = params["publish"]
+    if "://" not in str(pub["store"]):
+        pub["store"] = str(Path(pub["store"]).resolve())
+    pub["trusted_keys"] = [str(Path(p).resolve()) for p in pub["trusted_keys"]]
+    return params
+
+
+def absolute(path: str | None) -> str | None:
+    """A local path made absolute; URIs, zoo names and None as they are."""
+    if path is None or "://" in str(path) or str(path).startswith("zoo:"):
+        return path
+    return str(Path(path).resolve())
 
 
 @dataclass
@@ -27,13 +40,23 @@ class Ledger:
     rows: list = field(default_factory=list)
 
     def run(self, task, *args):
+        return self.map(task, [args])[0]
+
+    def map(self, task, calls: list[tuple]) -> list:
+        """Submit every call to the flow's task runner at once (threads by default; Dask workers with
+        --dask), wait for all, record each, and return the results in order (raising the first failure)."""
         t0 = time.perf_counter()
-        state = task.with_options(refresh_cache=self.refresh or None)(*args, return_state=True)
-        seconds = time.perf_counter() - t0
-        self.rows.append({"task": task.name, "cached": state.name == "Cached", "state": state.name,
-                          "seconds": round(seconds, 3), "args": " ".join(str(a) for a in args[:3]
-                                                                          if isinstance(a, str))})
-        return state.result()
+        runner = task.with_options(refresh_cache=self.refresh or None)
+        futures = [runner.submit(*args) for args in calls]
+        states = []
+        for args, future in zip(calls, futures):
+            future.wait()
+            state = future.state
+            states.append(state)
+            self.rows.append({"task": task.name, "cached": state.name == "Cached", "state": state.name,
+                              "seconds": round(time.perf_counter() - t0, 3),
+                              "args": " ".join(str(a) for a in args[:3] if isinstance(a, str))})
+        return [s.result() for s in states]
 
     @property
     def hits(self) -> int:

@@ -6,7 +6,7 @@ import time
 
 from prefect import flow
 
-from flows.common import Ledger, deployments_serving, device_classes, load_params, report
+from flows.common import Ledger, absolute, deployments_serving, device_classes, load_params, report
 from tasks import deployment as dep_tasks
 from tasks import model as model_tasks
 
@@ -16,17 +16,15 @@ def compile_model(source: str, name: str, version: str, root: str = "artifacts",
                   store: str | None = None, key: str | None = None, input_shape: list[int] | None = None,
                   refresh: bool = False) -> dict:
     started = time.time()
+    source, root, store, key = absolute(source), absolute(root), absolute(store), absolute(key)
     params = load_params(params_file)
     ledger = Ledger(refresh)
     model_dir = ledger.run(model_tasks.ingest, source, name, version, root, input_shape, params)
     ledger.run(model_tasks.build, model_dir, params)
     ledger.run(model_tasks.verify, model_dir, params)
     params, served = deployments_serving(params, name, version, root)
-    for device_class in device_classes(params, served):
-        ledger.run(model_tasks.profile, model_dir, device_class, params)
-    plans, published = {}, {}
-    for d in served:
-        plans[d] = ledger.run(dep_tasks.plan, root, d, params)
-        published[d] = ledger.run(dep_tasks.publish, root, d, params, store, key)
+    ledger.map(model_tasks.profile, [(model_dir, dc, params) for dc in device_classes(params, served)])
+    plans = dict(zip(served, ledger.map(dep_tasks.plan, [(root, d, params) for d in served])))
+    published = dict(zip(served, ledger.map(dep_tasks.publish, [(root, d, params, store, key) for d in served])))
     return {**report(ledger, name, version, model_dir, plans, published), "flow_started": started,
             "flow_seconds": time.time() - started}

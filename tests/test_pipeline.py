@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgeplan.errors import ArtifactError, ConversionError
+from edgeplan.errors import ArtifactError, ConversionError, ModelVersionConflictError
 from edgeplan.pipeline import stages
 from edgeplan.quantize import cut as cut_module
 
@@ -84,7 +84,12 @@ def test_verify_refuses_segments_of_another_model(compiled, params, tmp_path):
     src, _, _ = compiled("tiny_cnn")
     d = tmp_path / "stale" / "1"
     shutil.copytree(src, d)
-    stages.ingest("zoo:tiny_cnn_lrn", "stale", "1", tmp_path)  # a new model.onnx, old segments
+    with pytest.raises(ModelVersionConflictError, match="already exists .* as another model"):
+        stages.ingest("zoo:tiny_cnn_lrn", "stale", "1", tmp_path)  # a version names one model
+    assert stages.ingest("zoo:tiny_cnn", "stale", "1", tmp_path) == d  # the same one again: a no-op
+    other = stages.ingest("zoo:tiny_cnn_lrn", "other", "1", tmp_path)
+    for f in ("model.onnx", "model.json"):  # a new model.onnx beside the old segments, by hand
+        shutil.copy(other / f, d / f)
     with pytest.raises(ArtifactError, match="made for another model.onnx"):
         stages.verify(d, params)
 
