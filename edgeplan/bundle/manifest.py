@@ -39,6 +39,35 @@ def latest_key(deployment: str) -> str:
     return f"deployments/{deployment}/latest"
 
 
+class _Signed:
+    """A record with ``key_id`` and ``signature`` fields, signed over the canonical JSON of the rest."""
+
+    KIND = "record"
+
+    def payload(self) -> bytes:
+        data = self.to_json()
+        data.pop("signature")
+        return canonical(data)
+
+    def signed(self, key: keys.SigningKey):
+        unsigned = replace(self, key_id=key.key_id, signature="")
+        return replace(unsigned, signature=key.sign(unsigned.payload()))
+
+    def encoded(self) -> bytes:
+        """The bytes stored (canonical JSON, signature included)."""
+        return canonical(self.to_json())
+
+    @classmethod
+    def parse(cls, data: bytes, trusted, where: str):
+        """Decode and verify a stored record against trusted public keys (by key id)."""
+        try:
+            record = cls.from_json(json.loads(data), source=where)
+        except (ValueError, TypeError) as e:
+            raise BundleVerificationError(f"{where}: not a {cls.KIND} ({e})") from None
+        keys.verify(trusted, record.key_id, record.payload(), record.signature, where)
+        return record
+
+
 @dataclass(frozen=True)
 class BlobRef:
     name: str  # the path inside the bundle, e.g. models/mobilenetv2/1/segments/p3/prefix_edgetpu.tflite
@@ -79,7 +108,9 @@ class ModelEntry:
 
 
 @dataclass(frozen=True)
-class Manifest(_Record):
+class Manifest(_Signed, _Record):
+    KIND = "manifest"
+
     deployment: str
     revision: int
     device_class: str
@@ -95,65 +126,23 @@ class Manifest(_Record):
     signature: str = ""
     schema_version: int = 1
 
-    def payload(self) -> bytes:
-        data = self.to_json()
-        data.pop("signature")
-        return canonical(data)
-
-    def signed(self, key: keys.SigningKey) -> Manifest:
-        unsigned = replace(self, key_id=key.key_id, signature="")
-        return replace(unsigned, signature=key.sign(unsigned.payload()))
-
-    def encoded(self) -> bytes:
-        """The bytes stored (canonical JSON, signature included); their sha256 is what ``latest`` names."""
-        return canonical(self.to_json())
-
     def blob(self, name: str) -> BlobRef:
         for b in self.blobs:
             if b.name == name:
                 return b
         raise BundleVerificationError(f"manifest of {self.deployment} revision {self.revision}: no blob {name!r}")
 
-    @classmethod
-    def parse(cls, data: bytes, trusted, where: str) -> Manifest:
-        """Decode and verify a stored manifest against trusted public keys (by key id)."""
-        try:
-            m = cls.from_json(json.loads(data), source=where)
-        except (ValueError, TypeError) as e:
-            raise BundleVerificationError(f"{where}: not a manifest ({e})") from None
-        keys.verify(trusted, m.key_id, m.payload(), m.signature, where)
-        return m
-
 
 @dataclass(frozen=True)
-class Latest(_Record):
+class Latest(_Signed, _Record):
+    KIND = "latest pointer"
+
     deployment: str
     revision: int
     manifest_sha256: str
     key_id: str = ""
     signature: str = ""
     schema_version: int = 1
-
-    def payload(self) -> bytes:
-        data = self.to_json()
-        data.pop("signature")
-        return canonical(data)
-
-    def signed(self, key: keys.SigningKey) -> Latest:
-        unsigned = replace(self, key_id=key.key_id, signature="")
-        return replace(unsigned, signature=key.sign(unsigned.payload()))
-
-    def encoded(self) -> bytes:
-        return canonical(self.to_json())
-
-    @classmethod
-    def parse(cls, data: bytes, trusted, where: str) -> Latest:
-        try:
-            latest = cls.from_json(json.loads(data), source=where)
-        except (ValueError, TypeError) as e:
-            raise BundleVerificationError(f"{where}: not a latest pointer ({e})") from None
-        keys.verify(trusted, latest.key_id, latest.payload(), latest.signature, where)
-        return latest
 
 
 def sha256(data: bytes) -> str:
