@@ -91,7 +91,8 @@ def print_summary(summary: dict, seconds: float) -> None:
             out.print(f"published {r['deployment']} revision {r['revision']}: {r['blobs']} blobs, "
                       f"{r['uploaded_bytes']:,} B uploaded; devices: {r['devices'] or 'none'}")
         else:
-            out.print(f"{r['deployment']}: revision {r['revision']} already serves this content")
+            out.print(f"{r['deployment']}: revision {r['revision']} already serves this content"
+                      + (" (publish from the cache)" if r.get("from_cache") else ""))
     out.print(f"artifacts in {Path(summary['artifacts'])}")
 
 

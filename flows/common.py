@@ -105,8 +105,10 @@ def report(ledger: Ledger, name: str, version: str, model_dir: str, plans: dict,
             plan_rows.append({"deployment": dep, "model": m.name, "version": m.version, "point": m.point,
                               "of": m.last_point, "cores": m.cores,
                               "predicted_ms": round(m.predicted_latency_ms, 3), "tpu": p.tpu_source})
-    pub_rows = [{"deployment": dep, "revision": r.revision, "new_revision": r.new_revision, "blobs": r.blobs,
-                 "uploaded_bytes": r.uploaded_bytes, "devices": ", ".join(r.devices)} for dep, r in published.items()]
+    publish_runs = [r for r in ledger.rows if r["task"] == "publish"][-len(published):] if published else []
+    pub_rows = [{"deployment": dep, "revision": r.revision, "new_revision": r.new_revision and not run["cached"],
+                 "from_cache": run["cached"], "blobs": r.blobs, "uploaded_bytes": 0 if run["cached"] else r.uploaded_bytes,
+                 "devices": ", ".join(r.devices)} for (dep, r), run in zip(published.items(), publish_runs)]
     summary = {"model": name, "version": version, "artifacts": model_dir, "tasks": ledger.rows,
                "cache_hits": ledger.hits, "ran": ledger.ran(), "plans": plan_rows, "published": pub_rows}
     create_table_artifact(key="task-runs", table=ledger.rows, description=f"{name} {version}: task runs "

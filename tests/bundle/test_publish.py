@@ -203,12 +203,12 @@ def test_cli_keys_publish_ls(deployment_root, tmp_path, capsys):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(p))
     args = ["--params", str(tmp_path / "params.yaml")]
     assert main([*args, "publish", "--deployment", "solo", "--artifacts", str(root)]) == 2  # no key yet
-    assert "no signing key" in capsys.readouterr().err.replace("\n", " ")
+    assert "no signing key" in " ".join(capsys.readouterr().err.split())
     assert main([*args, "keys", "generate"]) == 0
     assert main([*args, "publish", "--deployment", "solo", "--artifacts", str(root)]) == 0
-    assert "revision 1" in capsys.readouterr().out
+    assert "revision 1" in " ".join(capsys.readouterr().out.split())
     assert main([*args, "publish", "--deployment", "solo", "--artifacts", str(root)]) == 0
-    assert "nothing published" in capsys.readouterr().out
+    assert "nothing published" in " ".join(capsys.readouterr().out.split())
     assert main([*args, "ls", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["deployment"] == "solo" and rows[0]["latest"] == 1 and rows[0]["verified"]
