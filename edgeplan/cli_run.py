@@ -16,14 +16,11 @@ out = Console()
 def ensure_key(params: dict, key: str | None) -> str | None:
     """The signing key to publish with, checked before anything runs; with no key anywhere, a development
     key is made beside the trusted keys (and so trusted)."""
-    from edgeplan.cli_store import signing_key, trusted_dirs
-
     import os
 
     from edgeplan.bundle.keys import ENV
-
     from edgeplan.bundle.publish import check_signing_key
-    from edgeplan.cli_store import trusted_keys
+    from edgeplan.cli_store import signing_key, trusted_dirs, trusted_keys
 
     try:
         found = signing_key(key, params)
@@ -96,6 +93,30 @@ def print_summary(summary: dict, seconds: float) -> None:
     out.print(f"artifacts in {Path(summary['artifacts'])}")
 
 
+def cmd_submit(args, params) -> int:
+    import os
+
+    from edgeplan.store import open_store
+    from edgeplan.submit import emit, upload
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    store_uri = args.store or params["publish"]["store"]
+    if "://" not in store_uri:
+        store_uri = str(Path(store_uri).resolve())
+    store = open_store(store_uri)
+    key, digest, new = upload(store, args.model, args.name, args.version, args.input_shape)
+    out.print(f"{'uploaded' if new else 'already in the store (same model)'}: {store.uri}/{key} "
+              f"(sha256 {digest[:12]}...)")
+    if args.no_event:
+        return 0
+    if not os.environ.get("PREFECT_API_URL"):
+        out.print("[yellow]note:[/] PREFECT_API_URL is not set: the event goes to an ephemeral server no deployment "
+                  "listens on; point it at the Prefect server that runs compile-on-new-version")
+    event = emit(args.name, args.version, store_uri, key, digest)
+    out.print(f"emitted edgeplan.model.submitted ({event.id if event else 'not sent'}) for {args.name} {args.version}")
+    return 0
+
+
 def register(sub) -> None:
     sp = sub.add_parser("run", help="the whole pipeline for a new model version, on Prefect (compile-model flow)",
                         description="Runs the compile-model flow: ingest, analyze, int8, cut, compile, verify, profile; "
@@ -117,3 +138,15 @@ def register(sub) -> None:
     sp.add_argument("--summary-json", metavar="FILE", help="also write the run's summary (task runs, cache hits, "
                     "plans, revisions, timings) as JSON")
     sp.set_defaults(func=cmd_run)
+    sp = sub.add_parser("submit", help="upload a model version to the store and emit edgeplan.model.submitted",
+                        description="Canonicalises MODEL to ONNX, uploads it to models/NAME/VERSION/model.onnx in "
+                        "the store (the same model again is a no-op; another under the same version is refused) "
+                        "and emits the Prefect event edgeplan.model.submitted, which triggers the "
+                        "compile-on-new-version deployment (prefect.yaml) on the server PREFECT_API_URL names.")
+    sp.add_argument("model", help="a .onnx/.keras file, a SavedModel directory, or zoo:NAME")
+    sp.add_argument("--name", required=True)
+    sp.add_argument("--version", required=True)
+    sp.add_argument("--store", help="store URI (default: params.yaml publish.store)")
+    sp.add_argument("--input-shape", type=lambda s: [int(x) for x in s.split(",")], help="N,C,H,W if dynamic")
+    sp.add_argument("--no-event", action="store_true", help="upload only")
+    sp.set_defaults(func=cmd_submit)

@@ -3,10 +3,18 @@ plan -> signed bundle -> a new published revision. Nothing that failed verify is
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from prefect import flow
 
-from flows.common import Ledger, absolute, deployments_serving, device_classes, load_params, report
+from flows.common import (
+    Ledger,
+    absolute,
+    deployments_serving,
+    device_classes,
+    load_params,
+    report,
+)
 from tasks import deployment as dep_tasks
 from tasks import model as model_tasks
 
@@ -28,3 +36,15 @@ def compile_model(source: str, name: str, version: str, root: str = "artifacts",
     published = dict(zip(served, ledger.map(dep_tasks.publish, [(root, d, params, store, key) for d in served])))
     return {**report(ledger, name, version, model_dir, plans, published), "flow_started": started,
             "flow_seconds": time.time() - started}
+
+
+@flow(name="compile-submitted")
+def compile_submitted(name: str, version: str, store: str, root: str = "artifacts", params_file: str | None = None,
+                      key: str | None = None) -> dict:
+    """What `compile-on-new-version` runs on an ``edgeplan.model.submitted`` event: the submitted model from
+    the store, then compile-model (publishing to the same store)."""
+    from edgeplan.store import open_store
+    from edgeplan.submit import fetch
+
+    path = fetch(open_store(absolute(store)), name, version, Path(absolute(root)) / ".submitted")
+    return compile_model(str(path), name, version, root=root, params_file=params_file, store=store, key=key)

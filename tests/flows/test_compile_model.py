@@ -100,3 +100,46 @@ def test_killed_mid_build_resumes(workdir):
     states = ran_tasks(again.stdout)
     assert states["ingest"] == "cached" and states["build"] == "Completed", again.stdout
     assert json.loads((workdir / "artifacts" / "tiny" / "2" / "verify.json").read_text())["ok"]
+
+
+def test_submit_event_runs_the_deployment(tmp_path, prefect_server):
+    """`edgeplan submit` against a real Prefect server: the compile-on-new-version deployment (deployed from
+    prefect.yaml) is triggered by the event and run by a real process worker; the bundle is published."""
+    repo = Path(__file__).resolve().parents[2]
+    _, env = prefect_server
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "params.yaml").write_text(yaml.safe_dump({"profile": FAST_PROFILE}))
+    env = {**env, "EDGEPLAN_WORKDIR": str(work), "PREFECT_LOCAL_STORAGE_PATH": str(tmp_path / "results")}
+    prefect = Path(sys.executable).with_name("prefect")
+
+    def sh(*cmd, cwd=repo, timeout=300):
+        proc = subprocess.run([str(x) for x in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+        assert proc.returncode == 0, (cmd, proc.stdout[-3000:], proc.stderr[-3000:])
+        return proc.stdout
+
+    sh(prefect, "work-pool", "create", "edgeplan-compile", "--type", "process")
+    sh(prefect, "--no-prompt", "deploy", "--name", "compile-on-new-version")
+    assert edgeplan_env(work, env, "run", "--help").returncode == 0  # the CLI works from the work directory
+    # a dev key for the worker's publish, then the submission
+    sh(sys.executable, "-m", "edgeplan.cli", "keys", "generate", cwd=work)
+    sh(sys.executable, "-m", "edgeplan.cli", "submit", "zoo:tiny_cnn", "--name", "tiny", "--version", "1", cwd=work)
+    assert (work / ".edgeplan" / "store" / "models" / "tiny" / "1" / "model.onnx").is_file()
+    worker = subprocess.Popen([str(prefect), "worker", "start", "--pool", "edgeplan-compile"], cwd=work, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    latest = work / ".edgeplan" / "store" / "deployments" / "tiny-solo" / "latest"
+    try:
+        deadline = time.time() + 600
+        while not latest.exists() and time.time() < deadline:
+            time.sleep(2)
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=60)
+    assert latest.exists(), "the deployment did not publish within 10 minutes"
+    assert json.loads(latest.read_text())["revision"] == 1
+    assert json.loads((work / "artifacts" / "tiny" / "1" / "verify.json").read_text())["ok"]
+
+
+def edgeplan_env(cwd: Path, env: dict, *args):
+    return subprocess.run([sys.executable, "-m", "edgeplan.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)

@@ -11,7 +11,7 @@ from distributed import LocalCluster
 
 
 def test_run_on_a_dask_cluster(tmp_path, prefect_server, monkeypatch):
-    url, env = prefect_server
+    _, env = prefect_server
     env = {**env, "PREFECT_LOCAL_STORAGE_PATH": str(tmp_path / "results")}  # results shared with the workers
     for k in ("PREFECT_API_URL", "PREFECT_HOME", "PREFECT_LOCAL_STORAGE_PATH"):
         monkeypatch.setenv(k, env[k])  # the workers inherit them
