@@ -13,7 +13,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_dvc_repro_builds_and_verifies_the_listed_models(tmp_path):
+def test_dvc_repro_builds_and_verifies_the_listed_models(tmp_path, s3_server):
     work = tmp_path / "ws"
     work.mkdir()
     shutil.copy(REPO / "dvc.yaml", work)
@@ -39,3 +39,13 @@ def test_dvc_repro_builds_and_verifies_the_listed_models(tmp_path):
     # nothing changed: a second repro runs no stage
     out = run(str(bindir / "dvc"), "repro")
     assert "didn't change" in out or "up to date" in out
+    # versioned artifacts go to a DVC remote on the S3-protocol server (dvc-s3, endpoint URL) and come back
+    run(str(bindir / "dvc"), "remote", "add", "-d", "store", "s3://edgeplan/dvc-remote")
+    run(str(bindir / "dvc"), "remote", "modify", "store", "endpointurl", s3_server)
+    run(str(bindir / "dvc"), "push")
+    want = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name not in ("verify.json", ".gitignore")}
+    shutil.rmtree(root)
+    shutil.rmtree(work / ".dvc" / "cache")
+    run(str(bindir / "dvc"), "pull")
+    got = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name not in ("verify.json", ".gitignore")}
+    assert got == want and len(got) > 10
