@@ -117,6 +117,31 @@ def cmd_submit(args, params) -> int:
     return 0
 
 
+def cmd_deploy(args, params) -> int:
+    """prefect deploy of prefect.yaml's deployments, reprofile-fleet on params.yaml's cron."""
+    import os
+    import subprocess
+    import sys
+
+    from edgeplan.errors import EdgeplanError
+
+    prefect = Path(sys.executable).with_name("prefect")
+    env = {**os.environ, "EDGEPLAN_WORKDIR": os.environ.get("EDGEPLAN_WORKDIR", str(Path.cwd()))}
+    cron = params["orchestration"]["reprofile_cron"]
+    yaml_file = Path(args.prefect_file)
+    for cmd in ([str(prefect), "--no-prompt", "deploy", "--prefect-file", str(yaml_file), "--name",
+                 "compile-on-new-version"],
+                [str(prefect), "--no-prompt", "deploy", "--prefect-file", str(yaml_file), "--name", "reprofile-fleet",
+                 "--cron", cron]):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=yaml_file.parent)
+        if proc.returncode != 0:
+            raise EdgeplanError(f"{' '.join(cmd[2:])} failed: {(proc.stdout + proc.stderr)[-1500:]}")
+    out.print(f"deployed compile-on-new-version (event edgeplan.model.submitted) and reprofile-fleet (cron "
+              f"{cron!r}) to {os.environ.get('PREFECT_API_URL', 'the default Prefect server')}; flows run in "
+              f"{env['EDGEPLAN_WORKDIR']}; start a worker: prefect worker start --pool edgeplan-compile")
+    return 0
+
+
 def register(sub) -> None:
     sp = sub.add_parser("run", help="the whole pipeline for a new model version, on Prefect (compile-model flow)",
                         description="Runs the compile-model flow: ingest, analyze, int8, cut, compile, verify, profile; "
@@ -150,3 +175,10 @@ def register(sub) -> None:
     sp.add_argument("--input-shape", type=lambda s: [int(x) for x in s.split(",")], help="N,C,H,W if dynamic")
     sp.add_argument("--no-event", action="store_true", help="upload only")
     sp.set_defaults(func=cmd_submit)
+    sp = sub.add_parser("deploy", help="create the Prefect deployments of prefect.yaml on PREFECT_API_URL",
+                        description="prefect deploy of compile-on-new-version (triggered by edgeplan.model.submitted) "
+                        "and reprofile-fleet on the cron of params.yaml orchestration.reprofile_cron. Their flows "
+                        "run in EDGEPLAN_WORKDIR (default: this directory). Work pool: edgeplan-compile (process).")
+    sp.add_argument("--prefect-file", default=str(Path(__file__).resolve().parents[1] / "prefect.yaml"),
+                    help="prefect.yaml (default: the repository's)")
+    sp.set_defaults(func=cmd_deploy)

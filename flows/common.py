@@ -93,6 +93,64 @@ def deployments_serving(params: dict, name: str, version: str, root: str) -> tup
     return params, served
 
 
+def served_models(params: dict, root: str) -> tuple[dict, dict[str, list[dict]], list[str]]:
+    """The deployments to reprofile: those of params.yaml whose models are built, and those planned before
+    (``<root>/deployments/*/plans/swapless.json``, e.g. a model's automatic one-model deployment), every
+    model's version explicit. Returns (params with exactly those deployments, per device class the models
+    they serve as {name, version}, the deployments skipped with the reason). Skipped deployments stay in
+    params (the fleet registry names them) but are not profiled or planned."""
+    from edgeplan.errors import PlanError
+    from edgeplan.pipeline.planning import resolve_version
+    from edgeplan.plan.swapless.plan import SwapLessPlan
+
+    params = copy.deepcopy(params)
+    deployments, skipped = [], []
+    for d in params["deployments"]:
+        try:
+            versions = [resolve_version(Path(root), m["name"], str(m.get("version", "latest"))) for m in d["models"]]
+        except PlanError as e:
+            skipped.append(f"{d['name']}: {e}")
+            continue
+        for m, v in zip(d["models"], versions):
+            m["version"] = v
+        deployments.append(d)
+    known = {d["name"] for d in deployments} | {s.split(":")[0] for s in skipped}
+    for path in sorted(Path(root).glob("deployments/*/plans/swapless.json")):
+        plan = SwapLessPlan.load(path)
+        if plan.deployment not in known:
+            deployments.append({"name": plan.deployment, "device_class": plan.device_class,
+                                "models": [{"name": m.name, "version": m.version, "rate": m.rate} for m in plan.models]})
+    params["deployments"] += [d for d in deployments if d not in params["deployments"]]
+    by_class: dict[str, list[dict]] = {}
+    for d in deployments:
+        for m in d["models"]:
+            entry = {"name": m["name"], "version": m["version"]}
+            if entry not in by_class.setdefault(d["device_class"], []):
+                by_class[d["device_class"]].append(entry)
+    return params, by_class, skipped
+
+
+def read_plan(root: str, name: str):
+    """The deployment's current SwapLess plan, None before the first."""
+    from edgeplan.plan.swapless.plan import SwapLessPlan
+
+    path = Path(root) / "deployments" / name / "plans" / "swapless.json"
+    return SwapLessPlan.load(path) if path.is_file() else None
+
+
+def plan_differs(old, new) -> bool:
+    """Whether a re-plan changed what a device would run: chosen points and cores, the regime table, the
+    preload set (not the predicted latencies, which move with every profile)."""
+    if old is None:
+        return True
+
+    def what(p):
+        return ([(m.name, m.version, m.point, m.cores) for m in p.models],
+                [(r.points, r.cores) for r in p.regimes], [(x.model, x.point) for x in p.preload])
+
+    return what(old) != what(new)
+
+
 def device_classes(params: dict, served: list[str]) -> list[str]:
     return sorted({d["device_class"] for d in params["deployments"] if d["name"] in served})
 

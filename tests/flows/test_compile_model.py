@@ -119,7 +119,12 @@ def test_submit_event_runs_the_deployment(tmp_path, prefect_server):
         return proc.stdout
 
     sh(prefect, "work-pool", "create", "edgeplan-compile", "--type", "process")
-    sh(prefect, "--no-prompt", "deploy", "--name", "compile-on-new-version")
+    (work / "params.yaml").write_text(yaml.safe_dump({"profile": FAST_PROFILE,
+                                                     "orchestration": {"reprofile_cron": "17 4 * * *"}}))
+    out = sh(sys.executable, "-m", "edgeplan.cli", "deploy", cwd=work)
+    assert "17 4 * * *" in " ".join(out.split())
+    inspect = sh(prefect, "deployment", "inspect", "reprofile-fleet/reprofile-fleet")
+    assert "17 4 * * *" in inspect
     assert edgeplan_env(work, env, "run", "--help").returncode == 0  # the CLI works from the work directory
     # a dev key for the worker's publish, then the submission
     sh(sys.executable, "-m", "edgeplan.cli", "keys", "generate", cwd=work)
@@ -143,3 +148,29 @@ def test_submit_event_runs_the_deployment(tmp_path, prefect_server):
 def edgeplan_env(cwd: Path, env: dict, *args):
     return subprocess.run([sys.executable, "-m", "edgeplan.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=120)
+
+
+def test_reprofile_fleet(workdir):
+    """After test_cold_then_warm...: a fleet profiling job per device class; a profile made to look 3x slower
+    than now drifts, its deployment is re-planned, and republished only if the plan changed."""
+    import subprocess as sp
+
+    profile = workdir / "artifacts" / "tiny" / "1" / "profiles" / "coral-usb-emulated.json"
+    data = json.loads(profile.read_text())
+    for seg in data["segments"]:
+        for t in seg.get("cpu") or []:
+            t["median_ms"] *= 3  # what the deployment was planned with is far from what the CPU does now
+    profile.write_text(json.dumps(data))
+    script = ("import json, sys; from flows.reprofile_fleet import reprofile_fleet; "
+              "print('SUMMARY' + json.dumps(reprofile_fleet(root='artifacts'), default=str))")
+    env = {**os.environ, "PREFECT_HOME": str(workdir / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    proc = sp.run([sys.executable, "-c", script], cwd=workdir, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.split("SUMMARY", 1)[1])
+    assert summary["drift"]["coral-usb-emulated"], summary  # the 3x is seen as drift
+    store = workdir / ".edgeplan" / "store"
+    assert (store / "jobs" / summary["jobs"][0] / "job.json").is_file()
+    assert list((store / "jobs" / summary["jobs"][0] / "result").glob("*.json"))
+    assert "tiny-solo" in summary["replanned"]
+    assert [r["deployment"] for r in summary["published"]] == summary["plan_changed"]
