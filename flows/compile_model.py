@@ -32,6 +32,7 @@ def compile_model(source: str, name: str, version: str, root: str = "artifacts",
     ledger.run(model_tasks.verify, model_dir, params)
     params, served = deployments_serving(params, name, version, root)
     ledger.map(model_tasks.profile, [(model_dir, dc, params) for dc in device_classes(params, served)])
+    ledger.run(model_tasks.version, model_dir, params)  # DVC: the model version's artifacts, pushed
     plans = dict(zip(served, ledger.map(dep_tasks.plan, [(root, d, params) for d in served])))
     published = dict(zip(served, ledger.map(dep_tasks.publish, [(root, d, params, store, key) for d in served])))
     return {**report(ledger, name, version, model_dir, plans, published), "flow_started": started,

@@ -86,3 +86,13 @@ def profile(model_dir: str, device_class: str, params: dict) -> str:
     dc = fleet.load(params, {d["name"] for d in params.get("deployments") or []}).device_class(device_class)
     run.profile(Path(model_dir), dc, cpu.Settings.from_params(params["profile"]))
     return str(Path(model_dir) / "profiles" / f"{device_class}.json")
+
+
+@task(name="version", cache_key_fn=content_key(lambda p: [Path(p["model_dir"])], ["models"],
+                                               ("pipeline/versioning.py",), scalars=("model_dir",)),
+      persist_result=True, timeout_seconds=1800)
+def version(model_dir: str, params: dict) -> dict:
+    """The model version's artifacts recorded in DVC and pushed to the DVC remote."""
+    from edgeplan.pipeline.versioning import version_artifacts
+
+    return version_artifacts(Path(model_dir), params)

@@ -34,7 +34,7 @@ def ran_tasks(out: str) -> dict:
     found = {}
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip("│┃ ").split("│")]
-        if len(cells) >= 3 and cells[0] in ("ingest", "build", "verify", "profile", "plan", "publish"):
+        if len(cells) >= 3 and cells[0] in ("ingest", "build", "verify", "profile", "version", "plan", "publish"):
             found[cells[0]] = cells[1]
     return found
 
@@ -54,6 +54,10 @@ def test_cold_then_warm_then_plan_change(workdir):
     store = workdir / ".edgeplan" / "store"
     latest = json.loads((store / "deployments" / "tiny-solo" / "latest").read_text())
     assert latest["revision"] == 1
+    # the model version is versioned with DVC (no repository here: one without git) and pushed to the
+    # local DVC remote
+    assert (workdir / "artifacts" / "tiny" / "1.dvc").is_file()
+    assert any((workdir / ".edgeplan" / "dvc-remote").rglob("*"))
     # the same model version again: everything from the cache, nothing published
     warm = edgeplan(workdir, "run", "zoo:tiny_cnn", "--name", "tiny", "--version", "1")
     assert warm.returncode == 0, warm.stderr[-3000:]

@@ -27,5 +27,5 @@ def test_run_on_a_dask_cluster(tmp_path, prefect_server, monkeypatch):
         prefixes = set(cluster.scheduler.task_prefixes)  # what the Dask scheduler ran
     assert {"ingest", "build", "verify", "profile", "plan", "publish"} <= {p.split("-")[0] for p in prefixes}, prefixes
     assert runs[0]["published"][0]["revision"] == 1 and runs[0]["cache_hits"] == 0
-    assert runs[1]["cache_hits"] == len(runs[1]["tasks"]) == 6
+    assert runs[1]["cache_hits"] == len(runs[1]["tasks"]) == 7
     assert (tmp_path / "artifacts" / "tiny" / "1" / "verify.json").is_file()
