@@ -143,6 +143,8 @@ def cmd_deploy(args, params) -> int:
 
 
 def register(sub) -> None:
+    from edgeplan.cli import _shape
+
     sp = sub.add_parser("run", help="the whole pipeline for a new model version, on Prefect (compile-model flow)",
                         description="Runs the compile-model flow: ingest, analyze, int8, cut, compile, verify, profile; "
                         "then for every deployment serving the model (a one-model deployment on coral-usb-emulated "
@@ -154,8 +156,7 @@ def register(sub) -> None:
     sp.add_argument("--name", required=True)
     sp.add_argument("--version", required=True)
     sp.add_argument("--out", default="artifacts", help="artifact root (default: artifacts)")
-    sp.add_argument("--input-shape", type=lambda s: [int(x) for x in s.split(",")],
-                    help="N,C,H,W for a model with dynamic dimensions")
+    sp.add_argument("--input-shape", type=_shape, help="N,C,H,W for a model with dynamic dimensions")
     sp.add_argument("--store", help="store URI (default: params.yaml publish.store)")
     sp.add_argument("--key", help="signing key file (default: $EDGEPLAN_SIGNING_KEY, else the trusted directory's)")
     sp.add_argument("--dask", metavar="ADDRESS", help="run tasks on this Dask scheduler (prefect-dask)")
@@ -172,7 +173,7 @@ def register(sub) -> None:
     sp.add_argument("--name", required=True)
     sp.add_argument("--version", required=True)
     sp.add_argument("--store", help="store URI (default: params.yaml publish.store)")
-    sp.add_argument("--input-shape", type=lambda s: [int(x) for x in s.split(",")], help="N,C,H,W if dynamic")
+    sp.add_argument("--input-shape", type=_shape, help="N,C,H,W for a model with dynamic dimensions")
     sp.add_argument("--no-event", action="store_true", help="upload only")
     sp.set_defaults(func=cmd_submit)
     sp = sub.add_parser("deploy", help="create the Prefect deployments of prefect.yaml on PREFECT_API_URL",

@@ -5,6 +5,7 @@ import json
 import socket
 import time
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 
 from prefect import task
@@ -42,11 +43,12 @@ def profile_job(job: dict, store_uri: str, root: str, params: dict) -> dict:
         current = d / "profiles" / f"{dc.name}.json"
         before = current.read_bytes() if current.is_file() else None
         new = run.profile(d, dc, cpu.Settings.from_params(job["settings"]))
-        results[m["name"]] = json.loads(current.read_text())
-        changes = diff(Profile.from_json(json.loads(before)), new, params["profile"]["drift_threshold"]) \
+        results[m["name"]] = new.to_json()
+        changes = [asdict(c) for c in diff(Profile.from_json(json.loads(before)), new,
+                                           params["profile"]["drift_threshold"])] \
             if before is not None else ["no profile before"]
         if changes:
-            drift[f"{m['name']}:{m['version']}"] = [getattr(c, "__dict__", c) for c in changes]
+            drift[f"{m['name']}:{m['version']}"] = changes
         elif before is not None:
             current.write_bytes(before)  # within the threshold: the profile in use stays
     store.put(f"jobs/{job['id']}/result/{device_id}.json", json.dumps(

@@ -151,24 +151,27 @@ def listing(store, trusted: dict | None = None) -> list[dict]:
     """Every deployment in the store: its revisions, the latest (verified when ``trusted`` is given),
     its size and models."""
     out = []
-    names = sorted({k.split("/")[1] for k in store.list("deployments/") if k.count("/") >= 2})
-    for name in names:
-        revisions = sorted({int(k.split("/")[2]) for k in store.list(f"deployments/{name}/")
-                            if k.endswith("/manifest.json") and k.split("/")[2].isdigit()})
+    keys = [k.split("/") for k in store.list("deployments/")]
+    for name in sorted({parts[1] for parts in keys if len(parts) >= 3}):
+        revisions = sorted({int(parts[2]) for parts in keys if parts[1] == name and len(parts) == 4
+                            and parts[3] == "manifest.json" and parts[2].isdigit()})
         row = {"deployment": name, "revisions": revisions, "latest": None}
-        try:
-            raw = store.get(latest_key(name))
-        except StoreKeyNotFound:
-            out.append(row)
-            continue
-        latest = json.loads(raw)
-        row["latest"] = latest.get("revision")
-        m = json.loads(store.get(manifest_key(name, latest["revision"])))
-        row.update(device_class=m["device_class"], created=m["created"], key_id=m["key_id"],
-                   models=[f"{x['name']}:{x['version']}" for x in m["models"]], blobs=len(m["blobs"]),
-                   bytes=sum(b["size"] for b in m["blobs"]), compiler=m["compiler"])
         if trusted:
-            read_latest(store, name, trusted)  # raises on a bad signature
-            row["verified"] = True
+            found = read_latest(store, name, trusted)  # raises on a bad signature
+        else:
+            try:
+                latest = Latest.from_json(json.loads(store.get(latest_key(name))))
+            except StoreKeyNotFound:
+                found = None
+            else:
+                mkey = manifest_key(name, latest.revision)
+                found = latest, Manifest.from_json(json.loads(store.get(mkey)), source=f"{store.uri}/{mkey}")
+        if found is not None:
+            latest, m = found
+            row.update(latest=latest.revision, device_class=m.device_class, created=m.created, key_id=m.key_id,
+                       models=[f"{x.name}:{x.version}" for x in m.models], blobs=len(m.blobs),
+                       bytes=sum(b.size for b in m.blobs), compiler=m.compiler)
+            if trusted:
+                row["verified"] = True
         out.append(row)
     return out

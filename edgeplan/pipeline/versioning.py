@@ -34,17 +34,20 @@ def workspace_lock(ws: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _default_remote(ws: Path) -> str:
+def _run(ws: Path, *args: str) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("dvc")
-    proc = subprocess.run([str(exe) if exe.exists() else "dvc", "remote", "default"], cwd=ws, capture_output=True,
-                          text=True, check=False)
+    return subprocess.run([str(exe) if exe.exists() else "dvc", *args], cwd=ws, capture_output=True, text=True,
+                          check=False, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+
+
+def _default_remote(ws: Path) -> str:
+    """The default remote's name, "" when none is set (``dvc remote default`` then exits non-zero)."""
+    proc = _run(ws, "remote", "default")
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
 def _dvc(ws: Path, *args: str) -> str:
-    exe = Path(sys.executable).with_name("dvc")
-    proc = subprocess.run([str(exe) if exe.exists() else "dvc", *args], cwd=ws, capture_output=True, text=True,
-                          check=False, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+    proc = _run(ws, *args)
     if proc.returncode != 0:
         raise VersioningError(f"dvc {' '.join(args)} in {ws} failed: {(proc.stdout + proc.stderr).strip()[-1500:]}")
     return proc.stdout

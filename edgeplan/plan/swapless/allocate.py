@@ -1,12 +1,12 @@
 """Joint partitioning and core allocation (SwapLess §III-C).
 
 - ``propalloc`` and ``greedy`` — PROPALLOC and Algorithm 1 exactly as the paper gives them;
-- ``refined`` — without Algorithm 1's dead ends: a climb over partitionings in both directions (one or two
-  layers to the TPU or back, or a model wholly to one side), each partitioning scored with its best core
-  allocation (a DP over cores: with more models than cores, constraint (8) simply forces some suffixes
-  away), unstable partitionings ranked by their distance to stability so the climb first reaches a stable
-  one; started from all-CPU, all-TPU, every model at its middle point, and each model alone on the CPU
-  (or alone on the TPU);
+- ``refined`` — without Algorithm 1's dead ends: a climb over partitionings in both directions (a move puts one
+  model at any of its points), each partitioning scored with its best core allocation (a DP over cores: with
+  more models than cores, constraint (8) simply forces some suffixes away), unstable partitionings ranked by
+  their distance to stability so the climb first reaches a stable one; started from all-CPU, all-TPU, every
+  model at its middle point, and each model alone on the CPU (or alone on the TPU), the climbs in lockstep
+  and each round's neighbours scored as one numpy batch (``batch.BatchScorer``);
 - ``exact`` — the optimum, as oracle: for each partitioning the objective separates into the TPU part
   (fixed by the partitioning) and per-model CPU parts, so the cores are placed by a small dynamic program.
 
@@ -127,7 +127,7 @@ def refined(inst: Instance, variant: str = "refined", use_alpha: bool = True) ->
             fresh, first = np.unique(codes[todo], return_index=True)
             seen[fresh] = scorer.score(cand[todo][first])[0]
         values = seen[codes].reshape(len(live), n * width)
-        values[:, np.tile(invalid.ravel(), 1)] = np.inf
+        values[:, invalid.ravel()] = np.inf
         pick = values.argmin(axis=1)
         better = values[np.arange(len(live)), pick] < key[live]
         moved = live[better]
@@ -135,11 +135,12 @@ def refined(inst: Instance, variant: str = "refined", use_alpha: bool = True) ->
         key[moved] = values[better, pick[better]]
         live = moved
     top = int(np.argmin(key))
+    evaluations = int(np.count_nonzero(~np.isnan(seen)))
     if key[top] >= UNSTABLE:
-        return Allocation(None, INF, int(np.count_nonzero(~np.isnan(seen))))
+        return Allocation(None, INF, evaluations)
     _, objective, cores = scorer.score(current[top:top + 1], with_cores=True)
     config = Config(tuple(int(p) for p in current[top]), tuple(int(k) for k in cores[0]))
-    return Allocation(config, float(objective[0]), int(np.count_nonzero(~np.isnan(seen))))
+    return Allocation(config, float(objective[0]), evaluations)
 
 
 def best_cores(inst: Instance, points, tpu, variant: str = "refined") -> tuple[float, tuple[int, ...] | None]:

@@ -62,8 +62,8 @@ class BatchScorer:
         self.last = np.array([m.last for m in models])
         self.rate = np.array([m.rate for m in models], dtype=float)
 
-        def table(name, dtype=float):
-            out = np.zeros((n, width), dtype=dtype)
+        def table(name):
+            out = np.zeros((n, width))
             for i, m in enumerate(models):
                 out[i, : m.last + 1] = getattr(m, name)
             return out
