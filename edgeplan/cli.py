@@ -199,10 +199,21 @@ def _fleet(params):
 
 
 def cmd_profile_run(args, params) -> int:
+    from edgeplan.artifacts import ModelInfo
+    from edgeplan.pipeline.planning import deployments_serving, device_classes
     from edgeplan.profile import cpu, run
     from edgeplan.profile.predictor import Predictor
 
-    device_class = _fleet(params).device_class(args.device_class)
+    model_dir = Path(args.artifact_dir)
+    if args.device_class:
+        names = [args.device_class]
+    else:  # what `edgeplan run` profiles: the classes of the deployments serving this model version
+        info = ModelInfo.load(model_dir / "model.json")
+        params, served = deployments_serving(params, info.name, info.version, str(model_dir.parents[1]))
+        names = device_classes(params, served)
+    if args.summary_json and len(names) != 1:
+        raise EdgeplanError(f"--summary-json takes one device class; {model_dir} is served on {', '.join(names)}: "
+                            "pass --device-class")
     pp = dict(params["profile"])
     for key in ("repeats", "timeout_s", "budget_s", "span_s"):
         if getattr(args, key) is not None:
@@ -212,18 +223,20 @@ def cmd_profile_run(args, params) -> int:
     except ValueError as e:
         raise EdgeplanError(str(e)) from None
     predictor = Predictor.load(args.predictor) if args.predictor else None
-    with _progress() as update:
-        prof = run.profile(Path(args.artifact_dir), device_class, settings, update, predictor=predictor,
-                           sample=args.sample, cpu_prefixes=args.cpu_prefixes)
-    print_profile(prof)
-    out = Path(args.artifact_dir) / "profiles" / f"{device_class.name}.json"
-    console.print(f"wrote {out}")
-    if args.summary_json:
-        from edgeplan.artifacts import write_json_atomic
+    failed = 0
+    for name in names:
+        device_class = _fleet(params).device_class(name)
+        with _progress() as update:
+            prof = run.profile(model_dir, device_class, settings, update, predictor=predictor,
+                               sample=args.sample, cpu_prefixes=args.cpu_prefixes)
+        print_profile(prof)
+        console.print(f"wrote {model_dir / 'profiles' / f'{device_class.name}.json'}")
+        if args.summary_json:
+            from edgeplan.artifacts import write_json_atomic
 
-        write_json_atomic(args.summary_json, prof.summary())
-        console.print(f"wrote {args.summary_json}")
-    failed = [s for s in prof.segments if s.status != "ok"]
+            write_json_atomic(args.summary_json, prof.summary())
+            console.print(f"wrote {args.summary_json}")
+        failed += sum(1 for s in prof.segments if s.status != "ok")
     return 1 if failed else 0
 
 
@@ -408,7 +421,8 @@ def parser() -> argparse.ArgumentParser:
                          description="Prefixes get Edge TPU times (EMULATED for *-emulated classes: modelled from the "
                          "compile report), suffixes CPU times measured here with 1..K interpreter threads.")
     pr.add_argument("artifact_dir", help="artifacts/<name>/<version> of a compiled model (edgeplan compile)")
-    pr.add_argument("--device-class", required=True, help="a class of the fleet registry (`edgeplan fleet`)")
+    pr.add_argument("--device-class", help="a class of the fleet registry (`edgeplan fleet`); default: every class "
+                    "whose deployments serve this model version (what `edgeplan run` profiles)")
     pr.add_argument("--summary-json", help="also write the per-point summary (tpu_ms, cpu_ms per core count) here")
     pr.add_argument("--sample", type=int, help="measure only this many suffixes (spread evenly), predict the rest")
     pr.add_argument("--predictor", help="predictor file from `edgeplan profile train` (for --sample or predicted classes)")

@@ -43,18 +43,22 @@ def cmd_run(args, params) -> int:
     started = time.time()
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING" if not args.verbose else "INFO")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # offline; and its sqlite insert races
+    if args.model is not None and (args.name is None or args.version is None):
+        raise SystemExit("edgeplan run MODEL needs --name and --version (without MODEL it builds params.yaml's models)")
     key = ensure_key(params, args.key)
-    from flows.compile_model import compile_model
+    from flows.compile_model import compile_model, compile_models
 
     t0 = time.perf_counter()
-    kwargs = dict(source=args.model, name=args.name, version=args.version, root=args.out, params_file=args.params,
-                  store=args.store, key=key, input_shape=args.input_shape, refresh=args.refresh)
+    common = dict(root=args.out, params_file=args.params, store=args.store, key=key, refresh=args.refresh)
+    if args.model is not None:
+        flow, kwargs = compile_model, dict(source=args.model, name=args.name, version=args.version,
+                                           input_shape=args.input_shape, **common)
+    else:
+        flow, kwargs = compile_models, common
     if args.dask:
         from prefect_dask import DaskTaskRunner
 
-        flow = compile_model.with_options(task_runner=DaskTaskRunner(address=args.dask))
-    else:
-        flow = compile_model
+        flow = flow.with_options(task_runner=DaskTaskRunner(address=args.dask))
     summary = flow(**kwargs)
     summary["wall_seconds"] = time.perf_counter() - t0
     summary["before_flow_seconds"] = summary["flow_started"] - started  # imports + Prefect server start-up
@@ -117,28 +121,61 @@ def cmd_submit(args, params) -> int:
     return 0
 
 
+def class_pools(params: dict) -> dict[str, str]:
+    """Device class -> the work pool its profiling jobs run on: the registry's devices' ``work_pool`` for
+    that class, else the class's name."""
+    from edgeplan.profile import fleet as fleet_mod
+
+    fleet = fleet_mod.load(params, {d["name"] for d in params.get("deployments") or []})
+    pools = {d.device_class: d.work_pool for d in fleet.devices if d.work_pool}
+    return {name: pools.get(name, name) for name in sorted(fleet.device_classes)}
+
+
 def cmd_deploy(args, params) -> int:
-    """prefect deploy of prefect.yaml's deployments, reprofile-fleet on params.yaml's cron."""
+    """prefect deploy of prefect.yaml's deployments (reprofile-fleet on params.yaml's cron) and of one
+    profile-job deployment per device class on the class's work pool; missing process work pools made."""
     import os
     import subprocess
     import sys
+    import tempfile
+
+    import yaml
 
     from edgeplan.errors import EdgeplanError
 
     prefect = Path(sys.executable).with_name("prefect")
     env = {**os.environ, "EDGEPLAN_WORKDIR": os.environ.get("EDGEPLAN_WORKDIR", str(Path.cwd()))}
     cron = params["orchestration"]["reprofile_cron"]
-    yaml_file = Path(args.prefect_file)
-    for cmd in ([str(prefect), "--no-prompt", "deploy", "--prefect-file", str(yaml_file), "--name",
-                 "compile-on-new-version"],
-                [str(prefect), "--no-prompt", "deploy", "--prefect-file", str(yaml_file), "--name", "reprofile-fleet",
-                 "--cron", cron]):
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, cwd=yaml_file.parent)
-        if proc.returncode != 0:
-            raise EdgeplanError(f"{' '.join(cmd[2:])} failed: {(proc.stdout + proc.stderr)[-1500:]}")
-    out.print(f"deployed compile-on-new-version (event edgeplan.model.submitted) and reprofile-fleet (cron "
-              f"{cron!r}) to {os.environ.get('PREFECT_API_URL', 'the default Prefect server')}; flows run in "
-              f"{env['EDGEPLAN_WORKDIR']}; start a worker: prefect worker start --pool edgeplan-compile")
+    yaml_file = Path(args.prefect_file).resolve()
+    spec = yaml.safe_load(yaml_file.read_text())
+    pools = class_pools(params)
+    compile_pools = {d["work_pool"]["name"] for d in spec["deployments"]}
+
+    def sh(*cmd, check=True):
+        proc = subprocess.run([str(prefect), "--no-prompt", *cmd], env=env, capture_output=True, text=True,
+                              check=False, cwd=yaml_file.parent)
+        if check and proc.returncode != 0:
+            raise EdgeplanError(f"prefect {' '.join(cmd)} failed: {(proc.stdout + proc.stderr)[-1500:]}")
+        return proc
+
+    for pool in sorted(compile_pools | set(pools.values())):
+        if sh("work-pool", "inspect", pool, check=False).returncode != 0:
+            sh("work-pool", "create", pool, "--type", "process")
+    spec["deployments"] += [{"name": dc, "entrypoint": "flows.reprofile_fleet:profile_job", "work_pool": {"name": pool},
+                             "description": f"A fleet profiling job on device class {dc} (reprofile-fleet starts it)."}
+                            for dc, pool in pools.items()]
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", dir=yaml_file.parent, prefix=".prefect-deploy-") as f:
+        yaml.safe_dump(spec, f)
+        f.flush()
+        sh("deploy", "--prefect-file", f.name, "--name", "compile-on-new-version")
+        sh("deploy", "--prefect-file", f.name, "--name", "reprofile-fleet", "--cron", cron)
+        for dc in pools:
+            sh("deploy", "--prefect-file", f.name, "--name", dc)
+    out.print(f"deployed compile-on-new-version (event edgeplan.model.submitted), reprofile-fleet (cron {cron!r}) "
+              f"and profile-job per device class ({', '.join(f'{dc} on pool {p}' for dc, p in pools.items())}) to "
+              f"{os.environ.get('PREFECT_API_URL', 'the default Prefect server')}; flows run in "
+              f"{env['EDGEPLAN_WORKDIR']}. Start workers: prefect worker start --pool "
+              f"{' / '.join(sorted(compile_pools | set(pools.values())))}")
     return 0
 
 
@@ -152,9 +189,10 @@ def register(sub) -> None:
                         "unchanged model re-runs nothing. With nothing configured it uses Prefect's ephemeral "
                         "server (set PREFECT_API_URL for a real one), the local store of params.yaml publish.store "
                         "and a development signing key.")
-    sp.add_argument("model", help="a .onnx/.keras file, a SavedModel directory, or zoo:NAME")
-    sp.add_argument("--name", required=True)
-    sp.add_argument("--version", required=True)
+    sp.add_argument("model", nargs="?", help="a .onnx/.keras file, a SavedModel directory, or zoo:NAME; without it, "
+                    "every model params.yaml lists under `models` (compile-models flow, stages fanned out)")
+    sp.add_argument("--name", help="the model's name (required with MODEL)")
+    sp.add_argument("--version", help="the model's version (required with MODEL)")
     sp.add_argument("--out", default="artifacts", help="artifact root (default: artifacts)")
     sp.add_argument("--input-shape", type=_shape, help="N,C,H,W for a model with dynamic dimensions")
     sp.add_argument("--store", help="store URI (default: params.yaml publish.store)")
@@ -177,9 +215,11 @@ def register(sub) -> None:
     sp.add_argument("--no-event", action="store_true", help="upload only")
     sp.set_defaults(func=cmd_submit)
     sp = sub.add_parser("deploy", help="create the Prefect deployments of prefect.yaml on PREFECT_API_URL",
-                        description="prefect deploy of compile-on-new-version (triggered by edgeplan.model.submitted) "
-                        "and reprofile-fleet on the cron of params.yaml orchestration.reprofile_cron. Their flows "
-                        "run in EDGEPLAN_WORKDIR (default: this directory). Work pool: edgeplan-compile (process).")
+                        description="prefect deploy of compile-on-new-version (triggered by edgeplan.model.submitted), "
+                        "reprofile-fleet on the cron of params.yaml orchestration.reprofile_cron (work pool "
+                        "edgeplan-compile) and profile-job/<device class> for every class of the fleet registry, on "
+                        "the work pool its devices name (else the class's name). Missing work pools are created "
+                        "(process type). Flows run in EDGEPLAN_WORKDIR (default: this directory).")
     sp.add_argument("--prefect-file", default=str(Path(__file__).resolve().parents[1] / "prefect.yaml"),
                     help="prefect.yaml (default: the repository's)")
     sp.set_defaults(func=cmd_deploy)

@@ -9,10 +9,6 @@ from pathlib import Path
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-DEFAULT_CLASS = "coral-usb-emulated"
-DEFAULT_RATE = 10.0
-
-
 def load_params(params_file: str | None) -> dict:
     """params.yaml with its local paths made absolute (tasks may run on Dask workers in another directory)."""
     from edgeplan.pipeline import params as params_mod
@@ -38,6 +34,7 @@ class Ledger:
 
     refresh: bool = False
     rows: list = field(default_factory=list)
+    stage_seconds: dict = field(default_factory=dict)  # task name -> wall time of its map calls
 
     def run(self, task, *args):
         return self.map(task, [args])[0]
@@ -56,6 +53,7 @@ class Ledger:
             self.rows.append({"task": task.name, "cached": state.name == "Cached", "state": state.name,
                               "seconds": round(time.perf_counter() - t0, 3),
                               "args": " ".join(str(a) for a in args[:3] if isinstance(a, str))})
+        self.stage_seconds[task.name] = round(self.stage_seconds.get(task.name, 0.0) + time.perf_counter() - t0, 3)
         return [s.result() for s in states]
 
     @property
@@ -64,33 +62,6 @@ class Ledger:
 
     def ran(self) -> list[str]:
         return [r["task"] for r in self.rows if not r["cached"]]
-
-
-def deployments_serving(params: dict, name: str, version: str, root: str) -> tuple[dict, list[str]]:
-    """The deployments that serve ``name`` at ``version`` (explicitly, or as ``latest`` when it is the newest
-    version under ``root``), with every model's version made explicit; a model no deployment serves gets a
-    one-model deployment ``<name>-solo`` on coral-usb-emulated. Returns (params with those deployments, names)."""
-    from edgeplan.pipeline.planning import resolve_version
-
-    params = copy.deepcopy(params)
-    served = []
-    for d in params["deployments"]:
-        hit = False
-        for m in d["models"]:
-            v = str(m.get("version", "latest"))
-            if m["name"] == name and (v == str(version) or (v == "latest" and resolve_version(Path(root), name, v) == str(version))):
-                hit = True
-        if hit:
-            for m in d["models"]:
-                m["version"] = str(version) if m["name"] == name else resolve_version(Path(root), m["name"],
-                                                                                    str(m.get("version", "latest")))
-            served.append(d["name"])
-    if not served:
-        solo = f"{name}-solo"
-        params["deployments"].append({"name": solo, "device_class": DEFAULT_CLASS,
-                                      "models": [{"name": name, "version": str(version), "rate": DEFAULT_RATE}]})
-        served.append(solo)
-    return params, served
 
 
 def served_models(params: dict, root: str) -> tuple[dict, dict[str, list[dict]], list[str]]:
@@ -151,10 +122,6 @@ def plan_differs(old, new) -> bool:
     return what(old) != what(new)
 
 
-def device_classes(params: dict, served: list[str]) -> list[str]:
-    return sorted({d["device_class"] for d in params["deployments"] if d["name"] in served})
-
-
 def report(ledger: Ledger, name: str, version: str, model_dir: str, plans: dict, published: dict) -> dict:
     """The run's summary as Prefect artifacts (a table of task runs, a markdown page) and as a dict."""
     plan_rows = []
@@ -165,10 +132,12 @@ def report(ledger: Ledger, name: str, version: str, model_dir: str, plans: dict,
                               "predicted_ms": round(m.predicted_latency_ms, 3), "tpu": p.tpu_source})
     publish_runs = [r for r in ledger.rows if r["task"] == "publish"][-len(published):] if published else []
     pub_rows = [{"deployment": dep, "revision": r.revision, "new_revision": r.new_revision and not run["cached"],
-                 "from_cache": run["cached"], "blobs": r.blobs, "uploaded_bytes": 0 if run["cached"] else r.uploaded_bytes,
+                 "from_cache": run["cached"], "blobs": r.blobs, "uploaded_blobs": 0 if run["cached"] else r.uploaded_blobs,
+                 "uploaded_bytes": 0 if run["cached"] else r.uploaded_bytes,
                  "devices": ", ".join(r.devices)} for (dep, r), run in zip(published.items(), publish_runs)]
     summary = {"model": name, "version": version, "artifacts": model_dir, "tasks": ledger.rows,
-               "cache_hits": ledger.hits, "ran": ledger.ran(), "plans": plan_rows, "published": pub_rows}
+               "cache_hits": ledger.hits, "ran": ledger.ran(), "stage_seconds": ledger.stage_seconds, "plans": plan_rows,
+               "published": pub_rows}
     create_table_artifact(key="task-runs", table=ledger.rows, description=f"{name} {version}: task runs "
                           f"({ledger.hits} from the cache)")
     lines = [f"# compile-model: {name} {version}", "", f"artifacts: `{model_dir}`; {ledger.hits} of "

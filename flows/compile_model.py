@@ -1,5 +1,7 @@
 """compile-model: a new model version -> verified segments and profiles -> for every deployment serving it:
-plan -> signed bundle -> a new published revision. Nothing that failed verify is published."""
+plan -> signed bundle -> a new published revision. Nothing that failed verify is published.
+compile-models: the same for several model versions at once (by default params.yaml's ``models``, what
+``dvc repro`` builds), every stage fanned out over the models on the flow's task runner."""
 from __future__ import annotations
 
 import time
@@ -7,36 +9,58 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows.common import (
-    Ledger,
-    absolute,
-    deployments_serving,
-    device_classes,
-    load_params,
-    report,
-)
+from edgeplan.pipeline.planning import deployments_serving, device_classes
+from flows.common import Ledger, absolute, load_params, report
 from tasks import deployment as dep_tasks
 from tasks import model as model_tasks
+
+
+def _compile(models: list[dict], root: str, params_file: str | None, store: str | None, key: str | None,
+             refresh: bool) -> dict:
+    """The stages for ``models`` ({source, name, version, input_shape?}), each stage submitted for all models
+    at once (conversions run in parallel up to the task runner's workers and the machine's conversion slots;
+    profiles one at a time per machine, after every conversion: timings are not shared with other work)."""
+    started = time.time()
+    root, store, key = absolute(root), absolute(store), absolute(key)
+    params = load_params(params_file)
+    ledger = Ledger(refresh)
+    dirs = ledger.map(model_tasks.ingest, [(absolute(m["source"]), m["name"], str(m["version"]), root,
+                                            m.get("input_shape"), params) for m in models])
+    ledger.map(model_tasks.build, [(d, params) for d in dirs])
+    ledger.map(model_tasks.verify, [(d, params) for d in dirs])
+    served: list[str] = []
+    for m in models:
+        params, names = deployments_serving(params, m["name"], str(m["version"]), root)
+        served += [n for n in names if n not in served]
+    classes = device_classes(params, served)
+    ledger.map(model_tasks.profile, [(d, dc, params) for d in dirs for dc in classes])
+    ledger.map(model_tasks.version, [(d, params) for d in dirs])  # DVC: each version's artifacts, pushed
+    plans = dict(zip(served, ledger.map(dep_tasks.plan, [(root, d, params) for d in served])))
+    published = dict(zip(served, ledger.map(dep_tasks.publish, [(root, d, params, store, key) for d in served])))
+    name = models[0]["name"] if len(models) == 1 else ", ".join(m["name"] for m in models)
+    version = str(models[0]["version"]) if len(models) == 1 else ", ".join(str(m["version"]) for m in models)
+    return {**report(ledger, name, version, dirs[0] if len(dirs) == 1 else root, plans, published),
+            "flow_started": started, "flow_seconds": time.time() - started}
 
 
 @flow(name="compile-model")
 def compile_model(source: str, name: str, version: str, root: str = "artifacts", params_file: str | None = None,
                   store: str | None = None, key: str | None = None, input_shape: list[int] | None = None,
                   refresh: bool = False) -> dict:
-    started = time.time()
-    source, root, store, key = absolute(source), absolute(root), absolute(store), absolute(key)
-    params = load_params(params_file)
-    ledger = Ledger(refresh)
-    model_dir = ledger.run(model_tasks.ingest, source, name, version, root, input_shape, params)
-    ledger.run(model_tasks.build, model_dir, params)
-    ledger.run(model_tasks.verify, model_dir, params)
-    params, served = deployments_serving(params, name, version, root)
-    ledger.map(model_tasks.profile, [(model_dir, dc, params) for dc in device_classes(params, served)])
-    ledger.run(model_tasks.version, model_dir, params)  # DVC: the model version's artifacts, pushed
-    plans = dict(zip(served, ledger.map(dep_tasks.plan, [(root, d, params) for d in served])))
-    published = dict(zip(served, ledger.map(dep_tasks.publish, [(root, d, params, store, key) for d in served])))
-    return {**report(ledger, name, version, model_dir, plans, published), "flow_started": started,
-            "flow_seconds": time.time() - started}
+    return _compile([{"source": source, "name": name, "version": version, "input_shape": input_shape}], root,
+                    params_file, store, key, refresh)
+
+
+@flow(name="compile-models")
+def compile_models(models: list[dict] | None = None, root: str = "artifacts", params_file: str | None = None,
+                   store: str | None = None, key: str | None = None, refresh: bool = False) -> dict:
+    """Every model of ``models`` (default: params.yaml ``models``: name, version, source)."""
+    from edgeplan.errors import EdgeplanError
+
+    models = models if models is not None else load_params(params_file).get("models") or []
+    if not models:
+        raise EdgeplanError("compile-models: no models given and params.yaml lists none under `models`")
+    return _compile(models, root, params_file, store, key, refresh)
 
 
 @flow(name="compile-submitted")

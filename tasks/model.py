@@ -80,11 +80,13 @@ def _profile_inputs(p: dict):
                                                scalars=("model_dir", "device_class")),
       persist_result=True, timeout_seconds=3600)
 def profile(model_dir: str, device_class: str, params: dict) -> str:
-    """profiles/<device class>.json: CPU timed here (or predicted), the Edge TPU emulated when it is."""
+    """profiles/<device class>.json: CPU timed here (or predicted), the Edge TPU emulated when it is. One
+    profile at a time per machine (a profile timed beside another is not a measurement of the device)."""
     from edgeplan.profile import cpu, fleet, run
 
     dc = fleet.load(params, {d["name"] for d in params.get("deployments") or []}).device_class(device_class)
-    run.profile(Path(model_dir), dc, cpu.Settings.from_params(params["profile"]))
+    with slot("profile", 1, log=get_run_logger()):
+        run.profile(Path(model_dir), dc, cpu.Settings.from_params(params["profile"]))
     return str(Path(model_dir) / "profiles" / f"{device_class}.json")
 
 

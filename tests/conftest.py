@@ -86,33 +86,7 @@ def s3_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
     """A real `prefect server start` on loopback with its own home; yields (api_url, env for clients)."""
-    import socket
-    import subprocess
-    import sys
-    import time
-    import urllib.request
+    from edgeplan.pipeline.prefect_server import prefect_server as start
 
-    home = tmp_path_factory.mktemp("prefect-server")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
-    exe = Path(sys.executable).with_name("prefect")
-    log = open(home / "server.log", "w")
-    proc = subprocess.Popen([str(exe), "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            raise RuntimeError(f"prefect server did not start: {(home / 'server.log').read_text()[-3000:]}")
-        time.sleep(0.5)
-    yield env["PREFECT_API_URL"], env
-    os.killpg(proc.pid, 15)
-    proc.wait(timeout=30)
+    with start(tmp_path_factory.mktemp("prefect-server")) as server:
+        yield server

@@ -19,6 +19,7 @@ def test_dvc_repro_builds_and_verifies_the_listed_models(tmp_path, s3_server):
     shutil.copy(REPO / "dvc.yaml", work)
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["models"] = [{"name": "tiny", "version": "1", "source": "zoo:tiny_cnn"}]
+    params["profile"].update({"repeats": 10, "span_s": 0.5, "budget_s": 1.0})
     (work / "params.yaml").write_text(yaml.safe_dump(params))
     bindir = Path(sys.executable).parent
     env = dict(os.environ, PATH=f"{bindir}{os.pathsep}{os.environ['PATH']}", COLUMNS="160")
@@ -35,7 +36,8 @@ def test_dvc_repro_builds_and_verifies_the_listed_models(tmp_path, s3_server):
     assert json.loads((root / "verify.json").read_text())["ok"]
     assert (root / "segments" / "p1" / "compile.json").is_file()
     lock = yaml.safe_load((work / "dvc.lock").read_text())
-    assert {"ingest@0", "build@0", "verify@0"} <= set(lock["stages"])
+    assert {"ingest@0", "build@0", "verify@0", "profile@0"} <= set(lock["stages"])
+    assert (root / "profiles" / "coral-usb-emulated.json").is_file()  # tiny-solo's class (no deployment serves it)
     # nothing changed: a second repro runs no stage
     out = run(str(bindir / "dvc"), "repro")
     assert "didn't change" in out or "up to date" in out
@@ -49,3 +51,21 @@ def test_dvc_repro_builds_and_verifies_the_listed_models(tmp_path, s3_server):
     run(str(bindir / "dvc"), "pull")
     got = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name not in ("verify.json", ".gitignore")}
     assert got == want and len(got) > 10
+    # the flow on the same model version makes the same artifacts (byte for byte, but for measured profiles),
+    # records them against the same stages and pushes them to the S3 remote: repro then has nothing to do
+    deterministic = {k: v for k, v in want.items() if k.parts[0] != "profiles"}
+    flow_env = {**env, "PREFECT_HOME": str(work / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    flow_env.pop("PREFECT_API_URL", None)
+    proc = subprocess.run([sys.executable, "-m", "edgeplan.cli", "run", "zoo:tiny_cnn", "--name", "tiny", "--version",
+                           "1", "--refresh", "--summary-json", "s.json"], cwd=work, env=flow_env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    summary = json.loads((work / "s.json").read_text())
+    assert {t["task"] for t in summary["tasks"] if not t["cached"]} >= {"build", "profile", "version"}
+    got = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name not in ("verify.json", ".gitignore")}
+    assert {k: v for k, v in got.items() if k.parts[0] != "profiles"} == deterministic
+    assert set(got) == set(want)
+    out = run(str(bindir / "dvc"), "status")
+    assert "changed" not in out, out  # the flow's outputs are what dvc.lock records
+    out = run(str(bindir / "dvc"), "status", "--cloud")
+    assert "new" not in out and "missing" not in out, out  # and they are on the S3 remote

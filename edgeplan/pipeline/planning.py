@@ -1,6 +1,7 @@
 """The plan stage: a deployment of params.yaml -> ``<root>/deployments/<name>/plans/swapless.json``."""
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 from edgeplan.errors import PlanError, ProfileError
@@ -9,6 +10,9 @@ from edgeplan.plan.swapless.from_profiles import model_spec
 from edgeplan.plan.swapless.instance import Instance
 from edgeplan.profile import fleet as fleet_mod
 from edgeplan.profile.schema import Profile
+
+DEFAULT_CLASS = "coral-usb-emulated"  # of the one-model deployment of a model no deployment serves
+DEFAULT_RATE = 10.0
 
 
 def deployment(params: dict, name: str) -> dict:
@@ -29,6 +33,36 @@ def resolve_version(root: Path, model: str, version: str) -> str:
     if not found:
         raise PlanError(f"model {model!r}: no artifacts under {base}; compile it first (`edgeplan compile`)")
     return max(found, key=lambda v: (0, int(v)) if v.isdigit() else (1, v))
+
+
+def deployments_serving(params: dict, name: str, version: str, root: str) -> tuple[dict, list[str]]:
+    """The deployments that serve ``name`` at ``version`` (explicitly, or as ``latest`` when it is the newest
+    version under ``root``), with every model's version made explicit; a model no deployment serves gets a
+    one-model deployment ``<name>-solo`` on coral-usb-emulated. Returns (params with those deployments, names)."""
+    params = copy.deepcopy(params)
+    served = []
+    for d in params["deployments"]:
+        hit = False
+        for m in d["models"]:
+            v = str(m.get("version", "latest"))
+            if m["name"] == name and (v == str(version) or (v == "latest" and resolve_version(Path(root), name, v) == str(version))):
+                hit = True
+        if hit:
+            for m in d["models"]:
+                m["version"] = str(version) if m["name"] == name else resolve_version(Path(root), m["name"],
+                                                                                    str(m.get("version", "latest")))
+            served.append(d["name"])
+    if not served:
+        solo = f"{name}-solo"
+        params["deployments"].append({"name": solo, "device_class": DEFAULT_CLASS,
+                                      "models": [{"name": name, "version": str(version), "rate": DEFAULT_RATE}]})
+        served.append(solo)
+    return params, served
+
+
+def device_classes(params: dict, served: list[str]) -> list[str]:
+    """The device classes of the deployments ``served``."""
+    return sorted({d["device_class"] for d in params["deployments"] if d["name"] in served})
 
 
 def plan_swapless(root: Path, name: str, params: dict, variant: str | None = None) -> tuple[plan_mod.SwapLessPlan, Path]:

@@ -122,7 +122,6 @@ def test_submit_event_runs_the_deployment(tmp_path, prefect_server):
         assert proc.returncode == 0, (cmd, proc.stdout[-3000:], proc.stderr[-3000:])
         return proc.stdout
 
-    sh(prefect, "work-pool", "create", "edgeplan-compile", "--type", "process")
     (work / "params.yaml").write_text(yaml.safe_dump({"profile": FAST_PROFILE,
                                                      "orchestration": {"reprofile_cron": "17 4 * * *"}}))
     out = sh(sys.executable, "-m", "edgeplan.cli", "deploy", cwd=work)
@@ -134,19 +133,63 @@ def test_submit_event_runs_the_deployment(tmp_path, prefect_server):
     sh(sys.executable, "-m", "edgeplan.cli", "keys", "generate", cwd=work)
     sh(sys.executable, "-m", "edgeplan.cli", "submit", "zoo:tiny_cnn", "--name", "tiny", "--version", "1", cwd=work)
     assert (work / ".edgeplan" / "store" / "models" / "tiny" / "1" / "model.onnx").is_file()
-    worker = subprocess.Popen([str(prefect), "worker", "start", "--pool", "edgeplan-compile"], cwd=work, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    env["PREFECT_WORKER_QUERY_SECONDS"] = "2"
+    workers = [subprocess.Popen([str(prefect), "worker", "start", "--pool", pool], cwd=work, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+               for pool in ("edgeplan-compile", "coral-usb-emulated")]
     latest = work / ".edgeplan" / "store" / "deployments" / "tiny-solo" / "latest"
     try:
         deadline = time.time() + 600
         while not latest.exists() and time.time() < deadline:
             time.sleep(2)
+        assert latest.exists(), "the deployment did not publish within 10 minutes"
+        assert json.loads(latest.read_text())["revision"] == 1
+        assert json.loads((work / "artifacts" / "tiny" / "1" / "verify.json").read_text())["ok"]
+        # reprofile-fleet (run by the compile pool's worker) hands the class's profiling job to the
+        # profile-job/coral-usb-emulated deployment, which the class pool's worker runs
+        slow_down(work / "artifacts" / "tiny" / "1" / "profiles" / "coral-usb-emulated.json")
+        sh(prefect, "deployment", "run", "reprofile-fleet/reprofile-fleet", "--watch", timeout=600)
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        worker.wait(timeout=60)
-    assert latest.exists(), "the deployment did not publish within 10 minutes"
-    assert json.loads(latest.read_text())["revision"] == 1
-    assert json.loads((work / "artifacts" / "tiny" / "1" / "verify.json").read_text())["ok"]
+        for w in workers:
+            os.killpg(w.pid, signal.SIGTERM)
+            w.wait(timeout=60)
+    runs = flow_runs(env)
+    job_runs = [r for r in runs if r["deployment"] == "profile-job/coral-usb-emulated"]
+    assert [r["state"] for r in job_runs] == ["COMPLETED"] and job_runs[0]["pool"] == "coral-usb-emulated", runs
+    assert job_runs[0]["parent"] is not None  # a child of the reprofile-fleet run
+    results = list((work / ".edgeplan" / "store" / "jobs").glob("*/result/*.json"))
+    assert len(results) == 1 and json.loads(results[0].read_text())["drift"]  # the 3x slower profile drifted
+    assert json.loads(latest.read_text())["revision"] >= 1
+
+
+def slow_down(profile: Path, factor: float = 3.0) -> None:
+    """Make a profile say the CPU was ``factor`` times slower than it is (a job on it then sees drift)."""
+    data = json.loads(profile.read_text())
+    for seg in data["segments"]:
+        for t in seg.get("cpu") or []:
+            t["median_ms"] *= factor
+    profile.write_text(json.dumps(data))
+
+
+def flow_runs(env: dict) -> list[dict]:
+    """Every flow run on the server: deployment (flow/deployment), state type, work pool, parent task run."""
+    script = """
+import asyncio, json
+from prefect.client.orchestration import get_client
+async def main():
+    async with get_client() as c:
+        out = []
+        for r in await c.read_flow_runs():
+            dep = await c.read_deployment(r.deployment_id) if r.deployment_id else None
+            flow = await c.read_flow(r.flow_id)
+            out.append({"deployment": f"{flow.name}/{dep.name}" if dep else None, "state": r.state_type.value,
+                        "pool": r.work_pool_name, "parent": str(r.parent_task_run_id) if r.parent_task_run_id else None})
+        print(json.dumps(out))
+asyncio.run(main())
+"""
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def edgeplan_env(cwd: Path, env: dict, *args):
@@ -159,12 +202,8 @@ def test_reprofile_fleet(workdir):
     than now drifts, its deployment is re-planned, and republished only if the plan changed."""
     import subprocess as sp
 
-    profile = workdir / "artifacts" / "tiny" / "1" / "profiles" / "coral-usb-emulated.json"
-    data = json.loads(profile.read_text())
-    for seg in data["segments"]:
-        for t in seg.get("cpu") or []:
-            t["median_ms"] *= 3  # what the deployment was planned with is far from what the CPU does now
-    profile.write_text(json.dumps(data))
+    # what the deployment was planned with is far from what the CPU does now
+    slow_down(workdir / "artifacts" / "tiny" / "1" / "profiles" / "coral-usb-emulated.json")
     script = ("import json, sys; from flows.reprofile_fleet import reprofile_fleet; "
               "print('SUMMARY' + json.dumps(reprofile_fleet(root='artifacts'), default=str))")
     env = {**os.environ, "PREFECT_HOME": str(workdir / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
@@ -176,5 +215,5 @@ def test_reprofile_fleet(workdir):
     store = workdir / ".edgeplan" / "store"
     assert (store / "jobs" / summary["jobs"][0] / "job.json").is_file()
     assert list((store / "jobs" / summary["jobs"][0] / "result").glob("*.json"))
-    assert "tiny-solo" in summary["replanned"]
+    assert "tiny-solo" in summary["replanned"] and summary["versioned"] == ["tiny:1"]  # the new profile in DVC
     assert [r["deployment"] for r in summary["published"]] == summary["plan_changed"]
