@@ -63,11 +63,63 @@ def cmd_run(args, params) -> int:
     summary["wall_seconds"] = time.perf_counter() - t0
     summary["before_flow_seconds"] = summary["flow_started"] - started  # imports + Prefect server start-up
     print_summary(summary, summary["flow_seconds"])
+    if args.device_check_s > 0:
+        summary["device_check"] = device_check(summary, params, args.store, Path(args.out).parent / ".edgeplan" /
+                                               "device", args.device_check_s)
     if args.summary_json:
         import json
 
         Path(args.summary_json).write_text(json.dumps(summary, indent=2, default=str))
     return 0
+
+
+def device_check(summary: dict, params: dict, store_uri: str | None, base: Path, seconds: float) -> list[dict]:
+    """What a device does with each published deployment: `edgeplan-runtime pull` (verify, fetch, activate,
+    self-tests), `serve` on a free loopback port, a few seconds of Poisson requests at the planned rates over
+    HTTP; predicted against measured mean latency (the Edge TPU EMULATED, the CPU suffixes real)."""
+    import threading
+
+    from edgeplan.cli_store import trusted_keys
+    from edgeplan.runtime import Runtime, loadgen, pull
+    from edgeplan.runtime.model import load_inputs
+    from edgeplan.runtime.server import serve
+    from edgeplan.store import open_store
+
+    store = open_store(store_uri or params["publish"]["store"])
+    rows = []
+    for pub in summary["published"]:
+        dep = pub["deployment"]
+        res = pull(store, base / dep, trusted_keys(params), deployment=dep)
+        rt = Runtime(base / dep, adapt=False)
+        inputs = {e.name: load_inputs(rt.rev_dir, e, 8) for e in rt.manifest.models}
+        for n, xs in inputs.items():
+            rt.precompute(n, xs)
+        rt.start()
+        server = serve(rt, "127.0.0.1", 0)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}"
+            rates = {m.name: m.rate for m in rt.plan.models}
+            stats = loadgen.summary(loadgen.run(url, rates, seconds, inputs, seed=1))
+        finally:
+            server.shutdown()
+            rt.stop()
+        for m in rt.plan.models:
+            rows.append({"deployment": dep, "revision": res.revision, "model": m.name, "rate": m.rate,
+                         "point": m.point, "cores": m.cores, "predicted_ms": m.predicted_latency_ms,
+                         "measured_ms": stats.get(m.name, {}).get("mean_ms"),
+                         "requests": stats.get(m.name, {}).get("requests", 0),
+                         "failed": stats.get(m.name, {}).get("failed", 0)})
+    t = Table(title=f"device check: edgeplan-runtime pull + serve ({base}), {seconds:.0f} s of Poisson requests "
+                    "over HTTP at the planned rates — Edge TPU EMULATED, CPU suffixes real")
+    for col in ("deployment", "rev", "model", "rate/s", "point", "cores", "predicted ms", "measured ms", "requests"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["deployment"], str(r["revision"]), r["model"], f"{r['rate']:g}", str(r["point"]), str(r["cores"]),
+                  f"{r['predicted_ms']:.2f}", "-" if r["measured_ms"] is None else f"{r['measured_ms']:.2f}",
+                  f"{r['requests']} ({r['failed']} failed)")
+    out.print(t)
+    return rows
 
 
 def print_summary(summary: dict, seconds: float) -> None:
@@ -199,6 +251,9 @@ def register(sub) -> None:
     sp.add_argument("--key", help="signing key file (default: $EDGEPLAN_SIGNING_KEY, else the trusted directory's)")
     sp.add_argument("--dask", metavar="ADDRESS", help="run tasks on this Dask scheduler (prefect-dask)")
     sp.add_argument("--refresh", action="store_true", help="ignore the task cache and run every stage")
+    sp.add_argument("--device-check-s", type=float, default=3.0, metavar="SECONDS",
+                    help="then pull each published deployment with the device runtime into .edgeplan/device/, "
+                    "serve it and send it this many seconds of requests at the planned rates (0: skip; default 3)")
     sp.add_argument("--summary-json", metavar="FILE", help="also write the run's summary (task runs, cache hits, "
                     "plans, revisions, timings) as JSON")
     sp.set_defaults(func=cmd_run)

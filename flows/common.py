@@ -34,7 +34,9 @@ class Ledger:
 
     refresh: bool = False
     rows: list = field(default_factory=list)
-    stage_seconds: dict = field(default_factory=dict)  # task name -> wall time of its map calls
+    stage_seconds: dict = field(default_factory=dict)  # tasks waited for together ("a+b") -> wall time
+    _pending: list = field(default_factory=list)
+    _t0: float = 0.0
 
     def run(self, task, *args):
         return self.map(task, [args])[0]
@@ -42,18 +44,34 @@ class Ledger:
     def map(self, task, calls: list[tuple]) -> list:
         """Submit every call to the flow's task runner at once (threads by default; Dask workers with
         --dask), wait for all, record each, and return the results in order (raising the first failure)."""
-        t0 = time.perf_counter()
+        self.submit(task, calls)
+        return self.gather()
+
+    def submit(self, task, calls: list[tuple], after: list | None = None) -> list:
+        """Submit without waiting; call ``i`` waits for ``after[i]`` (a future) when given. A future may be
+        an argument (its result is passed). ``gather`` waits for everything submitted."""
+        if not self._pending:
+            self._t0 = time.perf_counter()
         runner = task.with_options(refresh_cache=self.refresh or None)
-        futures = [runner.submit(*args) for args in calls]
+        futures = [runner.submit(*args, wait_for=[after[i]] if after else None) for i, args in enumerate(calls)]
+        self._pending += [(task.name, args, f) for args, f in zip(calls, futures)]
+        return futures
+
+    def gather(self) -> list:
+        """Wait for every submitted call, record each (in submission order), and return the results
+        (raising the first failure)."""
+        pending, self._pending = self._pending, []
         states = []
-        for args, future in zip(calls, futures):
+        for name, args, future in pending:
             future.wait()
             state = future.state
             states.append(state)
-            self.rows.append({"task": task.name, "cached": state.name == "Cached", "state": state.name,
-                              "seconds": round(time.perf_counter() - t0, 3),
-                              "args": " ".join(str(a) for a in args[:3] if isinstance(a, str))})
-        self.stage_seconds[task.name] = round(self.stage_seconds.get(task.name, 0.0) + time.perf_counter() - t0, 3)
+            shown = [a.result() if hasattr(a, "result") and a.state.is_completed() else a for a in args[:3]]
+            self.rows.append({"task": name, "cached": state.name == "Cached", "state": state.name,
+                              "seconds": round(time.perf_counter() - self._t0, 3),
+                              "args": " ".join(str(a) for a in shown if isinstance(a, str))})
+        group = "+".join(dict.fromkeys(name for name, _, _ in pending))
+        self.stage_seconds[group] = round(self.stage_seconds.get(group, 0.0) + time.perf_counter() - self._t0, 3)
         return [s.result() for s in states]
 
     @property

@@ -17,17 +17,21 @@ from tasks import model as model_tasks
 
 def _compile(models: list[dict], root: str, params_file: str | None, store: str | None, key: str | None,
              refresh: bool) -> dict:
-    """The stages for ``models`` ({source, name, version, input_shape?}), each stage submitted for all models
-    at once (conversions run in parallel up to the task runner's workers and the machine's conversion slots;
-    profiles one at a time per machine, after every conversion: timings are not shared with other work)."""
+    """The stages for ``models`` ({source, name, version, input_shape?}): ingest -> build -> verify chained per
+    model and submitted for all at once (conversions run in parallel up to the task runner's workers and the
+    machine's conversion slots); then profiles, one at a time per machine after every conversion (timings are
+    not shared with other work); then DVC, plans and publishing."""
     started = time.time()
     root, store, key = absolute(root), absolute(store), absolute(key)
     params = load_params(params_file)
     ledger = Ledger(refresh)
-    dirs = ledger.map(model_tasks.ingest, [(absolute(m["source"]), m["name"], str(m["version"]), root,
-                                            m.get("input_shape"), params) for m in models])
-    ledger.map(model_tasks.build, [(d, params) for d in dirs])
-    ledger.map(model_tasks.verify, [(d, params) for d in dirs])
+    # one chain per model (ingest -> build -> verify), all submitted at once: a free worker takes the next
+    # ready step of any model (no barrier between stages)
+    ingested = ledger.submit(model_tasks.ingest, [(absolute(m["source"]), m["name"], str(m["version"]), root,
+                                                   m.get("input_shape"), params) for m in models])
+    built = ledger.submit(model_tasks.build, [(f, params) for f in ingested])
+    ledger.submit(model_tasks.verify, [(f, params) for f in ingested], after=built)
+    dirs = ledger.gather()[: len(models)]
     served: list[str] = []
     for m in models:
         params, names = deployments_serving(params, m["name"], str(m["version"]), root)

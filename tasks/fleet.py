@@ -21,11 +21,16 @@ def read_job(store_uri: str, job_id: str) -> dict:
 
 
 def write_job(store_uri: str, device_class: str, models: list[dict], params: dict) -> dict:
-    """``jobs/<id>/job.json``: what to profile (model artifacts by name and version) on a device class."""
+    """``jobs/<id>/job.json``: what to profile (model artifacts by name and version) on a device class, the
+    profiler settings, and the class's reference probe (devices scale their times to it, as the pipeline does)."""
     from edgeplan.store import open_store
 
+    from edgeplan.profile import fleet
+
+    dc = fleet.load(params, {d["name"] for d in params["deployments"]}).device_class(device_class)
     job = {"id": f"{time.strftime('%Y%m%dT%H%M%S')}-{device_class}-{uuid.uuid4().hex[:6]}",
            "device_class": device_class, "models": models, "settings": params["profile"],
+           "reference_probe_ms": {str(k): v for k, v in (dc.cpu_probe_ms or {}).items()},
            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     open_store(store_uri).put(f"jobs/{job['id']}/job.json", json.dumps(job, indent=2).encode(), if_absent=True)
     return job

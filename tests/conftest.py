@@ -90,3 +90,25 @@ def prefect_server(tmp_path_factory):
 
     with start(tmp_path_factory.mktemp("prefect-server")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def deployment_root(compiled, tmp_path_factory):
+    """Artifacts of tiny_cnn (compiled, verified, profiled) and deployment ``solo``'s plan; (root, params)."""
+    import shutil
+
+    from edgeplan.pipeline.planning import plan_swapless
+    from edgeplan.profile import cpu, fleet, run
+
+    root = tmp_path_factory.mktemp("bundle-artifacts")
+    src, _, _ = compiled("tiny_cnn")
+    shutil.copytree(src, root / "tiny_cnn" / "1")
+    p = params_mod.load(None)
+    run.profile(root / "tiny_cnn" / "1", fleet.load(p).device_class("coral-usb-emulated"),
+                cpu.Settings(repeats=10, span_s=0.3, budget_s=1))
+    p["deployments"] = [{"name": "solo", "device_class": "coral-usb-emulated",
+                         "models": [{"name": "tiny_cnn", "version": "1", "rate": 40.0}]}]
+    p["fleet"]["devices"] = [{"id": "edge-7", "device_class": "coral-usb-emulated", "deployment": "solo",
+                              "work_pool": "coral-usb-emulated"}]
+    plan_swapless(root, "solo", p)
+    return root, p

@@ -13,9 +13,9 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from edgeplan.bundle import keys
-from edgeplan.bundle.build import Bundle
 from edgeplan.bundle.manifest import (
     Latest,
     Manifest,
@@ -31,6 +31,9 @@ from edgeplan.errors import (
     StoreError,
     StoreKeyNotFound,
 )
+
+if TYPE_CHECKING:  # devices read bundles with this module: nothing of the build side at run time
+    from edgeplan.bundle.build import Bundle
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,11 @@ from edgeplan.store.base import Store, check_key
 
 
 class S3Store(Store):
-    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, retries: int = 5,
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None, retries: int | None = None,
                  timeout_s: float = 10.0, client=None):
+        """``retries``: botocore's attempts per call (default 5, or $AWS_MAX_ATTEMPTS: a device that retries a
+        whole pull on its own schedule may want 1)."""
+        retries = retries or int(os.environ.get("AWS_MAX_ATTEMPTS", 5))
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.endpoint_url = endpoint_url or os.environ.get("AWS_ENDPOINT_URL")

@@ -1,0 +1,317 @@
+"""``edgeplan-runtime``: the device side. pull / rollback / status / serve / loadgen / profile.
+Standard library, numpy, ai-edge-litert and cryptography only (boto3 for s3:// stores)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from edgeplan.errors import EdgeplanError
+
+TRUSTED_ENV = "EDGEPLAN_TRUSTED_KEYS"
+
+
+class Bar:
+    """A one-line transfer counter on stderr (only on a terminal)."""
+
+    def __init__(self, label: str):
+        self.label, self.done, self.last = label, 0, 0.0
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.tty and now - self.last > 0.1:
+            self.last = now
+            sys.stderr.write(f"\r{self.label}: {self.done / 1e6:8.2f} MB fetched")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.tty and self.done:
+            sys.stderr.write(f"\r{self.label}: {self.done / 1e6:8.2f} MB fetched\n")
+
+
+def trusted(args) -> dict:
+    from edgeplan.bundle.keys import load_trusted
+
+    paths = args.trusted or [p for p in os.environ.get(TRUSTED_ENV, "").split(os.pathsep) if p]
+    if not paths:
+        raise EdgeplanError(f"no trusted public keys: pass --trusted DIR|FILE.pub (or set {TRUSTED_ENV}); a device "
+                            "verifies every revision against the keys it was provisioned with")
+    keys = load_trusted(paths)
+    if not keys:
+        raise EdgeplanError(f"no .pub key found in {', '.join(paths)}")
+    return keys
+
+
+def cmd_pull(args) -> int:
+    from edgeplan.errors import StoreError
+    from edgeplan.runtime.pull import active, pull
+    from edgeplan.store import open_store
+
+    store, keys = open_store(args.store), trusted(args)
+    bar = Bar("pull")
+    for attempt in range(args.retries + 1):
+        try:
+            res = pull(store, Path(args.dest), keys, device_id=args.device_id, deployment=args.deployment,
+                       device_class=args.device_class, allow_older=args.allow_older,
+                       health_check=not args.no_health_check, progress=bar)
+            break
+        except StoreError as e:
+            held = active(Path(args.dest))
+            still = f"; revision {held[1].revision} of {held[1].deployment} stays active" if held else ""
+            if attempt == args.retries:
+                raise EdgeplanError(f"pull failed after {attempt + 1} attempts: {e}{still}") from None
+            print(f"store unreachable ({e}){still}; retrying in {args.retry_wait:.0f} s", file=sys.stderr)
+            time.sleep(args.retry_wait)
+    bar.close()
+    if res.activated:
+        print(f"activated {res.deployment} revision {res.revision} (previous: {res.previous}) in {res.path}: "
+              f"{res.blobs} blobs, {res.fetched_blobs} fetched ({res.fetched_bytes:,} bytes), health check "
+              f"{'skipped' if args.no_health_check else 'passed'}")
+    else:
+        print(f"{res.deployment} revision {res.revision} is already active; nothing fetched")
+    return 0
+
+
+def cmd_rollback(args) -> int:
+    from edgeplan.runtime.pull import rollback
+
+    was, now = rollback(Path(args.dest))
+    print(f"rolled back {was.deployment} from revision {was.revision} to revision {now.revision}")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from edgeplan.runtime.pull import active
+
+    found = active(Path(args.dest))
+    if found is None:
+        print(f"{args.dest}: nothing pulled yet")
+        return 1
+    path, m = found
+    prev = Path(args.dest) / "previous"
+    print(json.dumps({"deployment": m.deployment, "revision": m.revision, "device_class": m.device_class,
+                      "compiler": m.compiler, "path": str(path), "models": [f"{e.name}:{e.version}" for e in m.models],
+                      "previous": str(prev.resolve()) if prev.is_symlink() else None}, indent=2))
+    return 0
+
+
+def _runtime(args):
+    from edgeplan.runtime.engine import Runtime
+
+    rates = dict(_rate(r) for r in args.rate or [])
+    return Runtime(Path(args.dir), mode=args.mode, adapt=not args.no_adapt, window_s=args.window,
+                   interval_s=args.interval, max_inflight=args.max_inflight, rates=rates or None)
+
+
+def _ready(args):
+    """A started runtime for the active revision, prefix outputs of the input set computed ahead."""
+    from edgeplan.runtime.model import load_inputs
+
+    rt = _runtime(args)
+    if rt.mode == "emulated":
+        n = sum(rt.precompute(e.name, load_inputs(rt.rev_dir, e, args.inputs), points="all") for e in rt.manifest.models)
+        print(f"computed {n} prefix outputs ahead for the EMULATED Edge TPU ({args.inputs} inputs per model)")
+    return rt.start()
+
+
+def _puller(args, server) -> None:
+    """Every --pull-every s: pull; a new revision is served once it is active (the old one drains); a store
+    that is down is logged and retried next time while the active revision keeps serving."""
+    from edgeplan.runtime.pull import pull
+    from edgeplan.store import open_store
+
+    keys = trusted(args)
+    while True:
+        time.sleep(args.pull_every)
+        try:
+            res = pull(open_store(args.store), Path(args.dir), keys, device_id=args.device_id,
+                       deployment=args.deployment)
+        except EdgeplanError as e:
+            print(f"pull failed ({e}); still serving revision {server.current.rt.manifest.revision}", file=sys.stderr,
+                  flush=True)
+            continue
+        if res.activated:
+            server.current.swap(_ready(args))
+            print(f"now serving {res.deployment} revision {res.revision}", flush=True)
+
+
+def cmd_serve(args) -> int:
+    import threading
+
+    from edgeplan.runtime.server import serve
+
+    if args.store and not (args.device_id or args.deployment):
+        raise EdgeplanError("--store needs --device-id or --deployment (what to pull)")
+    rt = _ready(args)
+    server = serve(rt, args.host, args.port)
+    print(f"serving {rt.manifest.deployment} revision {rt.manifest.revision} on http://{args.host}:"
+          f"{server.server_address[1]} ({'EMULATED Edge TPU' if rt.mode == 'emulated' else rt.mode}; "
+          f"points {rt.points}, cores {rt.cores}; re-allocation {'on' if rt.adapt else 'off'})", flush=True)
+    if args.store:
+        threading.Thread(target=_puller, args=(args, server), daemon=True).start()
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        server.current.rt.stop()
+    return 0
+
+
+def _rate(text: str) -> tuple[str, float]:
+    try:
+        name, value = text.split("=", 1)
+        return name, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected MODEL=RATE (requests/s)") from None
+
+
+def cmd_loadgen(args) -> int:
+    from edgeplan.runtime import loadgen
+    from edgeplan.runtime.model import load_inputs
+    from edgeplan.runtime.pull import active
+
+    found = active(Path(args.dir))
+    rev_dir, manifest = found if found else (None, None)
+    if manifest is None:
+        raise EdgeplanError(f"{args.dir}: no active revision (loadgen reads the models' inputs from it)")
+    rates = dict(args.rate)
+    entries = {e.name: e for e in manifest.models}
+    unknown = set(rates) - set(entries)
+    if unknown:
+        raise EdgeplanError(f"no model {', '.join(sorted(unknown))} in {manifest.deployment} (models: {', '.join(entries)})")
+    inputs = {n: load_inputs(rev_dir, entries[n], args.inputs) for n in rates}
+    target = args.url
+    if target is None:
+        args.dir, args.mode = str(args.dir), "emulated"
+        rt = _runtime(args)
+        for n in rates:
+            rt.precompute(n, inputs[n], points="all")
+        target = rt.start()
+    sent = [0]
+    total = len(loadgen.schedule(rates, args.duration, args.seed))
+
+    def progress(n):
+        sent[0] += n
+        if sys.stderr.isatty():
+            sys.stderr.write(f"\rloadgen {sent[0]}/{total} requests sent")
+
+    records = loadgen.run(target, rates, args.duration, inputs, seed=args.seed, progress=progress)
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+    if args.out:
+        loadgen.write(records, args.out)
+    print(json.dumps(loadgen.summary(records), indent=2))
+    if args.url is None:
+        target.stop()
+    return 0
+
+
+def cmd_profile(args) -> int:
+    from edgeplan.runtime.profile_job import run_job
+
+    result = run_job(args.job_uri, Path(args.dir), trusted(args), device_id=args.device_id)
+    print(json.dumps({"job": result["job"], "device_id": result["device_id"], "drift": result["drift"],
+                      "uploaded": result["key"]}, indent=2, default=str))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="edgeplan-runtime", description="The edgeplan device runtime: pull signed "
+                                 "deployment revisions, verify and activate them, serve them over local HTTP with "
+                                 "a global accelerator worker and per-model CPU pools, re-allocating partition "
+                                 "points and cores as request rates change.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sp = sub.add_parser("pull", help="fetch, verify and activate the latest revision of this device's deployment",
+                        description="Resolves the deployment (devices/<id>.json, or --deployment), reads its signed "
+                        "latest pointer and manifest, checks them against the trusted keys, refuses a revision older "
+                        "than one already run, fetches missing blobs (resumable, sha256-checked), activates the new "
+                        "revision atomically, keeps the previous one and runs the self-tests (a failure rolls back).")
+    sp.add_argument("store", help="store root: a local path, file:///path or s3://bucket/prefix")
+    sp.add_argument("--device-id", help="this device's id in the fleet registry")
+    sp.add_argument("--deployment", help="pull this deployment (instead of, or checked against, --device-id)")
+    sp.add_argument("--device-class", help="this device's class; a revision for another class is refused")
+    sp.add_argument("--dest", required=True, help="where revisions live on the device")
+    sp.add_argument("--trusted", action="append", help=f"trusted public key file or directory (repeatable; default "
+                    f"${TRUSTED_ENV})")
+    sp.add_argument("--allow-older", action="store_true", help="accept a latest revision older than one already run")
+    sp.add_argument("--no-health-check", action="store_true", help="activate without running the self-tests")
+    sp.add_argument("--retries", type=int, default=3, help="retries when the store is unreachable (default 3)")
+    sp.add_argument("--retry-wait", type=float, default=5.0, help="seconds between them (default 5)")
+    sp.set_defaults(func=cmd_pull)
+    sp = sub.add_parser("rollback", help="make the previous revision active again")
+    sp.add_argument("--dest", required=True)
+    sp.set_defaults(func=cmd_rollback)
+    sp = sub.add_parser("status", help="the active revision")
+    sp.add_argument("--dest", required=True)
+    sp.set_defaults(func=cmd_status)
+
+    def serving(sp):
+        sp.add_argument("--mode", choices=("emulated", "cpu", "edgetpu"), default="emulated",
+                        help="accelerator: emulated Edge TPU (default), cpu (correctness: prefixes on the CPU), "
+                        "edgetpu (a real one through libedgetpu)")
+        sp.add_argument("--no-adapt", action="store_true", help="keep the plan's points and cores")
+        sp.add_argument("--window", type=float, default=10.0, help="rate monitor window, s (default 10)")
+        sp.add_argument("--interval", type=float, default=2.0, help="re-allocation period, s (default 2)")
+        sp.add_argument("--max-inflight", type=int, default=256, help="requests in flight before 503 (default 256)")
+        sp.add_argument("--inputs", type=int, default=8, help="inputs per model in the load-test set (default 8)")
+
+    sp = sub.add_parser("serve", help="serve the active revision over local HTTP",
+                        description="POST /infer/{model} (.npy or JSON float input), GET /healthz, GET /metrics "
+                        "(Prometheus). With the emulated Edge TPU the prefix outputs of the load-test input set are "
+                        "computed at start-up and the worker holds the modelled (EMULATED) service time.")
+    sp.add_argument("dir", help="the --dest of pull (or a revision directory)")
+    sp.add_argument("--host", default="127.0.0.1")
+    sp.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
+    sp.add_argument("--rate", action="append", type=_rate, metavar="MODEL=RATE", help=argparse.SUPPRESS)
+    sp.add_argument("--store", help="also pull from this store every --pull-every s and serve new revisions")
+    sp.add_argument("--device-id", help="with --store: this device's id")
+    sp.add_argument("--deployment", help="with --store: the deployment to pull")
+    sp.add_argument("--pull-every", type=float, default=300.0, help="seconds between pulls (default 300)")
+    sp.add_argument("--trusted", action="append", help=f"with --store: trusted keys (default ${TRUSTED_ENV})")
+    serving(sp)
+    sp.set_defaults(func=cmd_serve)
+    sp = sub.add_parser("loadgen", help="open-loop Poisson load per model; every request's latency",
+                        description="Sends Poisson arrivals per model at the given rates for --duration seconds, "
+                        "over the finite input set of the active revision (self-test inputs + seeded ones), to "
+                        "--url (a running serve) or to an in-process runtime; writes every request (JSON lines, or "
+                        "CSV for *.csv) and prints mean/p50/p99 per model.")
+    sp.add_argument("dir", help="the --dest of pull")
+    sp.add_argument("--rate", action="append", type=_rate, required=True, metavar="MODEL=RATE")
+    sp.add_argument("--duration", type=float, default=30.0, help="seconds (default 30)")
+    sp.add_argument("--url", help="a running serve, e.g. http://127.0.0.1:8080 (default: serve in this process)")
+    sp.add_argument("--out", help="write every request's latency here")
+    sp.add_argument("--seed", type=int, default=0)
+    serving(sp)
+    sp.set_defaults(func=cmd_loadgen)
+    sp = sub.add_parser("profile", help="run a fleet profiling job on this device and upload the result",
+                        description="Reads the job (s3://.../jobs/<id>/job.json or a local path to it), times the "
+                        "active revision's suffixes on this CPU with the profiler, compares with the profiles the "
+                        "bundle carries, and uploads jobs/<id>/result/<device-id>.json.")
+    sp.add_argument("job_uri", help="the job.json's URI: <store root>/jobs/<id>/job.json")
+    sp.add_argument("--dir", required=True, help="the --dest of pull")
+    sp.add_argument("--device-id", default=None, help="default: the hostname")
+    sp.add_argument("--trusted", action="append", help=f"trusted keys (default ${TRUSTED_ENV})")
+    sp.set_defaults(func=cmd_profile)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except EdgeplanError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""One model of an active revision as the runtime serves it: its segments by point, input/output
+quantization, the profile's service times, and the SwapLess model spec. numpy + ai-edge-litert only."""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgeplan.bundle.manifest import Manifest, ModelEntry, Quantization
+from edgeplan.errors import EdgeplanError
+from edgeplan.plan.swapless.from_profiles import model_spec
+from edgeplan.plan.swapless.instance import ModelSpec
+from edgeplan.plan.swapless.plan import SwapLessPlan
+from edgeplan.profile.schema import Profile
+
+
+class BadRequest(EdgeplanError):
+    """A request the runtime cannot serve as sent (wrong shape, dtype, unknown model)."""
+
+
+def load_plan(rev_dir: Path, manifest: Manifest) -> SwapLessPlan:
+    return SwapLessPlan.from_json(json.loads((Path(rev_dir) / manifest.plan).read_text()))
+
+
+def segment_paths(rev_dir: Path, entry: ModelEntry, point: int) -> tuple[Path | None, Path | None]:
+    """(prefix_int8, suffix_int8) of ``point``: no prefix at 0 (all CPU), no suffix at P (all TPU)."""
+    base = Path(rev_dir) / "models" / entry.name / entry.version / "segments" / f"p{point}"
+    return (base / "prefix_int8.tflite" if point > 0 else None,
+            base / "suffix_int8.tflite" if point < entry.points else None)
+
+
+def quantize_input(x: np.ndarray, q: Quantization) -> np.ndarray:
+    """A float request in the model's float layout -> the int8 model's input tensor."""
+    x = np.asarray(x)
+    if x.ndim == len(q.float_shape) - 1:
+        x = x[None]
+    if tuple(x.shape) != tuple(q.float_shape):
+        raise BadRequest(f"input shape {tuple(x.shape)}; the model takes {tuple(q.float_shape)} (float, "
+                         f"{'NCHW' if len(q.float_shape) == 4 else 'its layout'})")
+    if not np.issubdtype(x.dtype, np.number):
+        raise BadRequest(f"input dtype {x.dtype}; send numbers (float32)")
+    x = x.astype(np.float32)
+    if q.to_int8_layout:
+        x = x.transpose(q.to_int8_layout)
+    info = np.iinfo(np.dtype(q.dtype))
+    return np.clip(np.round(x / q.scale + q.zero_point), info.min, info.max).astype(q.dtype)
+
+
+def dequantize_output(y: np.ndarray, q: Quantization) -> np.ndarray:
+    """The int8 model's output -> float in the ONNX model's layout."""
+    out = (y.astype(np.float32) - q.zero_point) * np.float32(q.scale)
+    if q.to_int8_layout:
+        out = out.transpose(np.argsort(q.to_int8_layout))
+    return out.reshape(q.float_shape)
+
+
+def input_key(q: np.ndarray) -> str:
+    return hashlib.blake2b(q.tobytes(), digest_size=16).hexdigest()
+
+
+@dataclass
+class ServedModel:
+    """A model's segments, timings and quantization. Segment bytes are read once per point; interpreters
+    are per thread (a LiteRT interpreter is not thread-safe)."""
+
+    entry: ModelEntry
+    rev_dir: Path
+    profile: Profile
+    spec: ModelSpec
+    preload: frozenset[int]
+    _bytes: dict = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    misses: int = 0  # partitions loaded from disk at serving time (not preloaded)
+
+    @classmethod
+    def load(cls, rev_dir: Path, manifest: Manifest, entry: ModelEntry, rate: float, preload) -> ServedModel:
+        profile = Profile.from_json(json.loads((Path(rev_dir) / entry.profile).read_text()))
+        spec = model_spec(entry.name, rate, profile, f"{rev_dir / entry.profile}")
+        m = cls(entry, Path(rev_dir), profile, spec, frozenset(preload))
+        for p in m.preload:
+            m.segment(p, "suffix", count=False)
+            m.segment(p, "prefix", count=False)
+        return m
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def last(self) -> int:
+        return self.entry.points
+
+    def segment(self, point: int, role: str, count: bool = True) -> bytes | None:
+        """The int8 segment's bytes (None where the point has no such segment)."""
+        key = (point, role)
+        with self._lock:
+            if key not in self._bytes:
+                prefix, suffix = segment_paths(self.rev_dir, self.entry, point)
+                path = prefix if role == "prefix" else suffix
+                self._bytes[key] = path.read_bytes() if path is not None else None
+                if count and path is not None:
+                    self.misses += 1
+            return self._bytes[key]
+
+    def tpu_service_s(self, point: int, rng: random.Random) -> float:
+        """One prefix service time on the (emulated) Edge TPU: a draw from the profile's samples (s^TPU +
+        d/B), else its mean."""
+        samples = self.spec.tpu_samples[point]
+        base = rng.choice(samples) if samples else self.spec.s_tpu[point]
+        return base + self.spec.io[point]
+
+    def load_s(self, point: int) -> float:
+        return self.spec.t_load[point]
+
+    def footprint(self, point: int) -> int:
+        return self.spec.footprint[point]
+
+
+def load_inputs(rev_dir: Path, entry: ModelEntry, n: int = 8, seed: int = 0) -> list[np.ndarray]:
+    """The finite input set a load test uses and ``serve`` computes prefixes for ahead: the model's
+    self-test inputs, then seeded uniform [-1, 1] inputs of its float shape, ``n`` in all."""
+    xs = [np.load(Path(rev_dir) / t.input, allow_pickle=False) for t in entry.selftests][:n]
+    rng = np.random.default_rng(seed)
+    while len(xs) < n:
+        xs.append(rng.uniform(-1, 1, entry.input.float_shape).astype(np.float32))
+    return xs

@@ -1,0 +1,232 @@
+"""Pulling a deployment revision onto a device: resolve, verify, fetch (resumable, delta), activate
+atomically, health-check, roll back.
+
+Layout under DEST::
+
+    blobs/sha256/<hex>              every blob held (content-addressed: a new revision fetches only new ones)
+    revisions/<deployment>/<rev>/   manifest.json, latest (the signed bytes), and the bundle's files by name
+                                    (hard links into blobs/)
+    current -> revisions/...        the active revision (a symlink swapped atomically by rename)
+    previous -> revisions/...       the one before it (rollback target)
+    state.json                      the highest revision activated per deployment (anti-rollback)
+
+numpy, ai-edge-litert, cryptography and the standard library only (boto3 for s3:// stores).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edgeplan.bundle import keys
+from edgeplan.bundle.manifest import Manifest, blob_key, canonical
+from edgeplan.bundle.publish import read_latest, retrying
+from edgeplan.errors import BundleVerificationError, EdgeplanError, StoreKeyNotFound
+
+
+class PullRefused(BundleVerificationError):
+    """A revision the device must not activate: older than the active one, for another device class, or
+    compiled by the emulated compiler for a device with a real Edge TPU."""
+
+
+class HealthCheckFailed(EdgeplanError):
+    """The activated revision's self-tests did not give their expected outputs (rolled back)."""
+
+
+@dataclass(frozen=True)
+class PullResult:
+    deployment: str
+    revision: int
+    previous: int | None
+    activated: bool  # False: that revision was already active
+    blobs: int
+    fetched_blobs: int  # distinct contents fetched (held blobs are not fetched again)
+    fetched_bytes: int  # bytes transferred (a resumed download counts only what it fetched)
+    path: Path
+
+
+def device_record(store, device_id: str, trusted: dict) -> dict:
+    """``devices/<id>.json`` with its signature checked: {device_id, deployment, device_class, key_id}."""
+    key = f"devices/{device_id}.json"
+    try:
+        doc = json.loads(retrying(f"read {key}", lambda: store.get(key)))
+    except StoreKeyNotFound:
+        raise EdgeplanError(f"{store.uri}: no {key}; is the device {device_id!r} in the fleet registry, and its "
+                            "deployment published?") from None
+    signature = doc.pop("signature", "")
+    keys.verify(trusted, doc.get("key_id", ""), canonical(doc), signature, f"{store.uri}/{key}")
+    return doc
+
+
+def detect_accelerator() -> str:
+    """``edgetpu-usb`` when the libedgetpu delegate loads (a real Edge TPU), else ``none``.
+    EDGEPLAN_ACCELERATOR overrides (what a device's provisioning would pin)."""
+    forced = os.environ.get("EDGEPLAN_ACCELERATOR")
+    if forced:
+        return forced
+    try:
+        from ai_edge_litert.interpreter import load_delegate
+
+        load_delegate("libedgetpu.so.1")
+        return "edgetpu-usb"
+    except (ValueError, OSError, ImportError):
+        return "none"
+
+
+def _state(dest: Path) -> dict:
+    path = dest / "state.json"
+    return json.loads(path.read_text()) if path.is_file() else {"highest": {}}
+
+
+def _write_state(dest: Path, state: dict) -> None:
+    tmp = dest / "state.json.tmp"
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(dest / "state.json")
+
+
+def _link(dest: Path, name: str, target: Path) -> None:
+    """Point ``dest/name`` at ``target`` atomically (a new symlink renamed over the old one)."""
+    tmp = dest / f".{name}.{os.getpid()}.tmp"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(os.path.relpath(target, dest))
+    tmp.replace(dest / name)
+
+
+def active(dest: Path) -> tuple[Path, Manifest] | None:
+    """The active revision's directory and manifest (verified when it was pulled), None before a pull."""
+    link = Path(dest) / "current"
+    if not link.is_symlink():
+        return None
+    path = link.resolve()
+    return path, Manifest.from_json(json.loads((path / "manifest.json").read_text()))
+
+
+def pull(store, dest: Path, trusted: dict, *, device_id: str | None = None, deployment: str | None = None,
+         device_class: str | None = None, allow_older: bool = False, accelerator: str | None = None,
+         health_check: bool = True, progress=None) -> PullResult:
+    """Fetch and activate the latest revision of the device's deployment (see the module docstring).
+    Raises (and leaves the active revision as it was) on anything that fails verification."""
+    dest = Path(dest)
+    if not trusted:
+        raise BundleVerificationError("no trusted public keys: a device verifies every revision it runs "
+                                      "(--trusted DIR or FILE.pub)")
+    if device_id is not None:
+        record = device_record(store, device_id, trusted)
+        if deployment is not None and deployment != record["deployment"]:
+            raise PullRefused(f"device {device_id} is assigned {record['deployment']!r}, not {deployment!r}")
+        deployment = record["deployment"]
+        device_class = device_class or record["device_class"]
+    if deployment is None:
+        raise EdgeplanError("pull needs --device-id or --deployment")
+    found = read_latest(store, deployment, trusted)
+    if found is None:
+        raise EdgeplanError(f"{store.uri}: deployment {deployment!r} has no published revision")
+    latest, manifest = found
+    if device_class is not None and manifest.device_class != device_class:
+        raise PullRefused(f"{deployment} revision {manifest.revision} is built for device class "
+                          f"{manifest.device_class!r}; this device is {device_class!r}")
+    accelerator = accelerator or detect_accelerator()
+    if accelerator == "edgetpu-usb" and manifest.compiler == "emulated":
+        raise PullRefused(f"{deployment} revision {manifest.revision}: its Edge TPU prefixes were made by the "
+                          "emulated compiler; this device has a real Edge TPU and runs only edgetpu_compiler output")
+    dest.mkdir(parents=True, exist_ok=True)
+    current = active(dest)
+    state = _state(dest)
+    highest = state["highest"].get(deployment, 0)
+    if manifest.revision < highest and not allow_older:
+        raise PullRefused(f"{store.uri}: {deployment} latest is revision {manifest.revision}, older than revision "
+                          f"{highest} this device already ran (replay or rollback of the store); refused "
+                          "(`edgeplan-runtime rollback` or pull --allow-older to go back on purpose)")
+    if current is not None and current[1].deployment == deployment and current[1].revision == manifest.revision:
+        return PullResult(deployment, manifest.revision, manifest.revision, False, len(manifest.blobs), 0, 0,
+                          current[0])
+    fetched, moved = 0, 0
+    for ref in {b.sha256: b for b in manifest.blobs}.values():  # equal files are one blob
+        path = dest / blob_key(ref.sha256)
+        held = path.is_file()
+        n = retrying(f"fetch {ref.name}", lambda ref=ref, path=path: store.download(
+            blob_key(ref.sha256), path, sha256=ref.sha256, progress=progress))
+        fetched += 1 if n or not held else 0  # a held blob whose bytes went bad is fetched again
+        moved += n
+    rev_dir = dest / "revisions" / deployment / str(manifest.revision)
+    staging = rev_dir.with_name(f".{manifest.revision}.staging")
+    if staging.exists():
+        import shutil
+
+        shutil.rmtree(staging)
+    for ref in manifest.blobs:
+        target = staging / ref.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.link(dest / blob_key(ref.sha256), target)
+    (staging / "manifest.json").write_text(json.dumps(manifest.to_json(), indent=2))
+    (staging / "latest").write_bytes(latest.encoded())
+    if rev_dir.exists():
+        import shutil
+
+        shutil.rmtree(rev_dir)
+    staging.rename(rev_dir)
+    previous = current[0] if current is not None else None
+    if previous is not None:
+        _link(dest, "previous", previous)
+    _link(dest, "current", rev_dir)
+    if health_check:
+        try:
+            check(rev_dir, manifest)
+        except HealthCheckFailed:
+            if previous is not None:
+                _link(dest, "current", previous)
+            else:
+                (dest / "current").unlink()
+            raise
+    state["highest"][deployment] = max(highest, manifest.revision)
+    state.setdefault("history", []).append({"deployment": deployment, "revision": manifest.revision,
+                                            "activated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    _write_state(dest, state)
+    return PullResult(deployment, manifest.revision, current[1].revision if current else None, True,
+                      len(manifest.blobs), fetched, moved, rev_dir)
+
+
+def rollback(dest: Path) -> tuple[Manifest, Manifest]:
+    """Make the previous revision active again (and the active one previous): (from, to) manifests."""
+    dest = Path(dest)
+    current, prev_link = active(dest), dest / "previous"
+    if current is None or not prev_link.is_symlink():
+        raise EdgeplanError(f"{dest}: no previous revision to roll back to")
+    prev = prev_link.resolve()
+    _link(dest, "previous", current[0])
+    _link(dest, "current", prev)
+    return current[1], Manifest.from_json(json.loads((prev / "manifest.json").read_text()))
+
+
+def check(rev_dir: Path, manifest: Manifest) -> None:
+    """The health check: every model's self-test inputs through the planned point's prefix -> suffix chain
+    (int8, on the CPU, reference kernels) give exactly the expected outputs; the all-CPU and all-TPU chains
+    too. Raises HealthCheckFailed naming the model and point."""
+    from edgeplan.quantize import litert
+    from edgeplan.runtime.model import load_plan, quantize_input, segment_paths
+
+    plan = load_plan(rev_dir, manifest)
+    for entry in manifest.models:
+        planned = {m.name: m.point for m in plan.models}.get(entry.name, 0)
+        for point in sorted({0, planned, entry.points}):
+            prefix, suffix = segment_paths(rev_dir, entry, point)
+            chain = [litert.interpreter(p.read_bytes(), deterministic=True) for p in (prefix, suffix) if p]
+            for t in entry.selftests:
+                x = np.load(rev_dir / t.input, allow_pickle=False)
+                want = np.load(rev_dir / t.expected, allow_pickle=False)
+                try:
+                    y = quantize_input(x, entry.input)
+                    for it in chain:
+                        y = litert.run(it, y)
+                except (ValueError, RuntimeError) as e:
+                    raise HealthCheckFailed(f"{rev_dir}: {entry.name} at point {point} does not run: {e}") from None
+                if y.shape != want.shape or not np.array_equal(y, want):
+                    diff = int(np.sum(y != want)) if y.shape == want.shape else "shape"
+                    raise HealthCheckFailed(f"{rev_dir}: {entry.name} at point {point}: self-test {t.input} gives "
+                                            f"another output than the bundle expects ({diff} elements differ); "
+                                            "rolled back")

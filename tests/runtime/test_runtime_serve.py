@@ -1,0 +1,246 @@
+"""Serving a pulled revision (tiny_cnn; EMULATED Edge TPU with real CPU suffixes): correct outputs at every
+point in every accelerator mode, switching points and cores under load without a failed request, the
+allocator re-planning as rates move, the HTTP API (npy, JSON, 400/404/503, metrics), loadgen, and the thin
+import boundary."""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from edgeplan.runtime import Overloaded, Runtime, pull
+from edgeplan.runtime import loadgen
+from edgeplan.runtime.model import dequantize_output, load_inputs
+from edgeplan.runtime.server import serve
+from edgeplan.store import open_store
+
+
+@pytest.fixture
+def device(published, tmp_path):
+    dest = tmp_path / "dev"
+    pull(open_store(published.store_uri), dest, published.trusted, device_id="edge-7")
+    return dest
+
+
+def expected(rt: Runtime, k: int = 0):
+    entry = rt.manifest.models[0]
+    t = entry.selftests[k]
+    x = np.load(rt.rev_dir / t.input)
+    return x, dequantize_output(np.load(rt.rev_dir / t.expected), entry.output)
+
+
+@pytest.mark.parametrize("mode", ["emulated", "cpu"])
+def test_outputs_match_the_bundle_at_every_point(device, mode):
+    with Runtime(device, mode=mode, adapt=False) as rt:
+        name = rt.order[0]
+        m = rt.models[name]
+        x, want = expected(rt)
+        scale = rt.manifest.models[0].output.scale
+        rt.precompute(name, [x], points="all")
+        for p in range(m.last + 1):
+            rt.configure({name: p}, {name: 1})
+            y = rt.infer(name, x)
+            # XNNPACK's int8 kernels (what the device serves with) may round one step off the reference kernels
+            assert y.shape == want.shape and np.max(np.abs(y - want)) <= 2 * scale + 1e-6, (mode, p)
+        assert rt.accelerator.cpu_fallbacks == 0
+
+
+def test_switches_under_load_lose_no_request(device):
+    """100 switches of point and cores while an open-loop load runs: every request answered."""
+    with Runtime(device, adapt=False, max_inflight=10_000) as rt:
+        name = rt.order[0]
+        last = rt.models[name].last
+        xs = load_inputs(rt.rev_dir, rt.manifest.models[0], 4)
+        rt.precompute(name, xs, points="all")
+        stop = threading.Event()
+
+        def switcher():
+            k = 0
+            while not stop.is_set() and k < 100:
+                rt.configure({name: k % (last + 1)}, {name: 1 + k % rt.plan.cores}, "test")
+                k += 1
+                time.sleep(0.02)
+
+        t = threading.Thread(target=switcher)
+        t.start()
+        records = loadgen.run(rt, {name: 150.0}, 3.0, {name: xs}, seed=3)
+        stop.set()
+        t.join()
+        assert rt.switches >= 100
+        assert records and all(r.status == 200 for r in records), loadgen.summary(records)
+
+
+def test_reallocation_follows_the_rates(device):
+    with Runtime(device, adapt=False) as rt:
+        name = rt.order[0]
+        best = (dict(rt.points), dict(rt.cores))  # tiny_cnn: all on the CPU at any rate (its suffixes are tiny)
+        assert not rt.reallocate({name: 40.0})  # the plan's configuration is kept
+        rt.configure({name: rt.models[name].last}, {name: 1})  # everything on the (EMULATED) Edge TPU
+        assert rt.reallocate({name: 40.0}) and (rt.points, rt.cores) == best  # the allocator moves it back
+        assert rt.switch_log[-1]["why"].startswith("rates")
+        x, want = expected(rt)
+        assert rt.infer(name, x).shape == want.shape
+
+
+def test_adapt_loop_runs_the_allocator(device):
+    with Runtime(device, adapt=True, window_s=1.0, interval_s=0.2) as rt:
+        name = rt.order[0]
+        xs = load_inputs(rt.rev_dir, rt.manifest.models[0], 4)
+        rt.precompute(name, xs, points="all")
+        records = loadgen.run(rt, {name: 200.0}, 2.0, {name: xs})
+        rate = rt.monitor.rates()[name]
+        assert 100 < rate < 300, rate  # the window saw the load (Poisson, 1 s window)
+        assert rt.allocations >= 5  # the allocator ran every 0.2 s with the measured rates
+        assert all(r.status == 200 for r in records)
+        assert "edgeplan_request_rate" in rt.metrics_text()
+
+
+def test_overload_answers_503(device):
+    with Runtime(device, adapt=False, max_inflight=1) as rt:
+        name = rt.order[0]
+        x, _ = expected(rt)
+        futs, refused = [], 0
+        for _ in range(50):
+            try:
+                futs.append(rt.submit(name, x))
+            except Overloaded:
+                refused += 1
+        assert refused > 0 and all(f.result(30) is not None for f in futs)
+        assert 'code="503"' in rt.metrics_text()
+
+
+def test_http_api(device):
+    rt = Runtime(device, adapt=False, max_inflight=64).start()
+    server = serve(rt, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        name = rt.order[0]
+        x, want = expected(rt)
+        scale = rt.manifest.models[0].output.scale
+
+        def post(path, body, ctype):
+            req = urllib.request.Request(url + path, data=body, method="POST", headers={"Content-Type": ctype})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return r.status, r.headers, r.read()
+            except urllib.error.HTTPError as e:
+                return e.code, e.headers, e.read()
+
+        buf = io.BytesIO()
+        np.save(buf, x)
+        code, headers, body = post(f"/infer/{name}", buf.getvalue(), "application/x-npy")
+        assert code == 200 and headers["Content-Type"] == "application/x-npy"
+        assert np.max(np.abs(np.load(io.BytesIO(body)) - want)) <= 2 * scale + 1e-6
+        code, _, body = post(f"/infer/{name}", json.dumps({"input": x.tolist()}).encode(), "application/json")
+        out = json.loads(body)
+        assert code == 200 and out["revision"] == 1 and np.asarray(out["output"]).shape == want.shape
+        code, _, body = post(f"/infer/{name}", b"not json", "application/json")
+        assert code == 400 and "neither .npy" in json.loads(body)["error"]
+        code, _, body = post(f"/infer/{name}", json.dumps({"input": [[1, 2], [3, 4]]}).encode(), "application/json")
+        assert code == 400 and "input shape" in json.loads(body)["error"]
+        code, _, body = post("/infer/nope", b"{}", "application/json")
+        assert code == 404 and name in json.loads(body)["error"]
+        with urllib.request.urlopen(url + "/healthz", timeout=10) as r:
+            health = json.loads(r.read())
+        assert health["status"] == "ok" and health["revision"] == 1
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            metrics = r.read().decode()
+        assert f'edgeplan_request_latency_seconds_count{{model="{name}"}} 2' in metrics
+        assert 'edgeplan_active_revision{deployment="solo",mode="emulated"} 1' in metrics
+        assert f'edgeplan_partition_point{{model="{name}"}}' in metrics
+        # open-loop load over HTTP
+        records = loadgen.run(url, {name: 40.0}, 1.0, {name: load_inputs(rt.rev_dir, rt.manifest.models[0], 3)})
+        assert records and all(r.status == 200 and r.latency_ms > 0 for r in records)
+    finally:
+        server.shutdown()
+        rt.stop()
+
+
+THIN = r'''
+import importlib.abc, sys
+BLOCKED = ("tensorflow", "onnx", "onnx_graphsurgeon", "onnxruntime", "prefect", "ortools", "xgboost", "dvc",
+           "keras", "tf_keras", "yaml", "rich")
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"heavy import blocked: {name}")
+sys.meta_path.insert(0, Block())
+from pathlib import Path
+from edgeplan.bundle.keys import load_trusted
+from edgeplan.runtime import Runtime, pull
+from edgeplan.runtime.model import load_inputs
+from edgeplan.store import open_store
+store, dest, trusted = sys.argv[1], Path(sys.argv[2]), load_trusted([sys.argv[3]])
+res = pull(open_store(store), dest, trusted, device_id="edge-7")
+with Runtime(dest, adapt=False) as rt:
+    name = rt.order[0]
+    xs = load_inputs(rt.rev_dir, rt.manifest.models[0], 3)
+    rt.precompute(name, xs)
+    ys = [rt.infer(name, x) for x in xs]
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+assert not heavy, heavy
+print("thin", res.revision, len(ys))
+'''
+
+
+def test_runtime_imports_nothing_heavy(published, tmp_path):
+    proc = subprocess.run([sys.executable, "-c", THIN, published.store_uri, str(tmp_path / "dev"),
+                           str(published.trusted_dir)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "thin 1 3" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_serve_cli_follows_new_revisions_and_survives_a_store_outage(published, device, tmp_path):
+    """`edgeplan-runtime serve --store`: a new revision is pulled and served without a restart; while the
+    store is gone the active revision keeps answering."""
+    import os
+    import re
+    import shutil
+    import signal
+    from pathlib import Path
+
+    env = {**os.environ, "EDGEPLAN_TRUSTED_KEYS": str(published.trusted_dir)}
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "edgeplan.runtime.cli", "serve", str(device), "--port", "0",
+                             "--no-adapt", "--store", published.store_uri, "--device-id", "edge-7", "--pull-every",
+                             "0.5"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        line = ""
+        while "serving" not in line:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()[-3000:]
+        url = re.search(r"http://[\d.]+:\d+", line).group(0)
+
+        def revision():
+            with urllib.request.urlopen(url + "/healthz", timeout=10) as r:
+                return json.loads(r.read())["revision"]
+
+        assert revision() == 1
+        store = Path(published.store_uri)
+        shutil.move(store, tmp_path / "away")  # the store is gone
+        time.sleep(1.5)
+        assert revision() == 1 and proc.poll() is None
+        shutil.move(tmp_path / "away", store)
+        published.second_revision()
+        deadline = time.time() + 60
+        while revision() != 2 and time.time() < deadline:
+            time.sleep(0.3)
+        assert revision() == 2
+        name = "tiny_cnn"
+        x = np.zeros((1, 3, 32, 32), np.float32)
+        req = urllib.request.Request(f"{url}/infer/{name}", data=json.dumps({"input": x.tolist()}).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            assert json.loads(r.read())["revision"] == 2
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=30)
+    assert "still serving revision 1" in proc.stderr.read()
