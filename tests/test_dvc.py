@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import boto3
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,14 +55,21 @@ def test_dvc_repro_builds_and_verifies_the_listed_models(tmp_path, s3_server):
     # the flow on the same model version makes the same artifacts (byte for byte, but for measured profiles),
     # records them against the same stages and pushes them to the S3 remote: repro then has nothing to do
     deterministic = {k: v for k, v in want.items() if k.parts[0] != "profiles"}
-    flow_env = {**env, "PREFECT_HOME": str(work / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    # (and publishes to a store on the S3 server, from which the device check pulls over S3)
+    flow_env = {**env, "PREFECT_HOME": str(work / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "AWS_ENDPOINT_URL": s3_server}
     flow_env.pop("PREFECT_API_URL", None)
     proc = subprocess.run([sys.executable, "-m", "edgeplan.cli", "run", "zoo:tiny_cnn", "--name", "tiny", "--version",
-                           "1", "--refresh", "--summary-json", "s.json"], cwd=work, env=flow_env, capture_output=True,
-                          text=True, timeout=900)
+                           "1", "--refresh", "--store", "s3://edgeplan/flow-store", "--summary-json", "s.json"],
+                          cwd=work, env=flow_env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     summary = json.loads((work / "s.json").read_text())
     assert {t["task"] for t in summary["tasks"] if not t["cached"]} >= {"build", "profile", "version"}
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    latest = json.loads(s3.get_object(Bucket="edgeplan", Key="flow-store/deployments/tiny-solo/latest")["Body"].read())
+    assert latest["revision"] == 1
+    check = summary["device_check"]  # pulled from S3 by the runtime, served, answered
+    assert check and all(r["requests"] > 0 and r["failed"] == 0 and r["measured_ms"] > 0 for r in check), check
     got = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name not in ("verify.json", ".gitignore")}
     assert {k: v for k, v in got.items() if k.parts[0] != "profiles"} == deterministic
     assert set(got) == set(want)

@@ -68,10 +68,16 @@ def detect_accelerator() -> str:
     forced = os.environ.get("EDGEPLAN_ACCELERATOR")
     if forced:
         return forced
+    import ctypes
+
+    try:
+        ctypes.CDLL("libedgetpu.so.1")  # absent: no Edge TPU runtime (and no delegate noise on stderr)
+    except OSError:
+        return "none"
     try:
         from ai_edge_litert.interpreter import load_delegate
 
-        load_delegate("libedgetpu.so.1")
+        load_delegate("libedgetpu.so.1")  # fails without an attached Edge TPU
         return "edgetpu-usb"
     except (ValueError, OSError, ImportError):
         return "none"
