@@ -1,6 +1,8 @@
 """Open-loop Poisson load: per model, arrivals at exponential gaps at a given rate for a given time, over a
-finite set of inputs; every request's latency recorded (from its scheduled arrival, so a slow server does
-not slow the load down). Targets: a Runtime in this process, or an HTTP URL."""
+finite set of inputs (a slow server does not slow the load down); every request's latency recorded from the
+moment it was sent, and how late the generator sent it (``lag_ms``: the OS wakes a sleeping thread late;
+a lag that grows means the generator, not the server, fell behind). Targets: a Runtime in this process, or
+an HTTP URL."""
 from __future__ import annotations
 
 import io
@@ -20,8 +22,9 @@ import numpy as np
 class Record:
     model: str
     scheduled: float  # s since the load started
-    latency_ms: float | None  # None: failed
+    latency_ms: float | None  # from the send; None: failed
     status: int  # 200, 503, 500, ...
+    lag_ms: float = 0.0  # sent this late after its scheduled time
 
 
 def schedule(rates: dict[str, float], duration_s: float, seed: int = 0) -> list[tuple[float, str]]:
@@ -63,10 +66,10 @@ def run(target, rates: dict[str, float], duration_s: float, inputs: dict[str, li
     pool = ThreadPoolExecutor(max_workers=max_outstanding) if http else None
     t0 = time.perf_counter()
 
-    def record(model, at, status):
-        lat = 1e3 * (time.perf_counter() - t0 - at) if status == 200 else None
+    def record(model, at, sent, status):
+        lat = 1e3 * (time.perf_counter() - sent) if status == 200 else None
         with lock:
-            records.append(Record(model, at, lat, status))
+            records.append(Record(model, at, lat, status, 1e3 * (sent - t0 - at)))
         done.release()
 
     for at, model in arrivals:
@@ -74,15 +77,16 @@ def run(target, rates: dict[str, float], duration_s: float, inputs: dict[str, li
         if delay > 0:
             time.sleep(delay)
         x = rng.choice(inputs[model])
+        sent = time.perf_counter()
         if http:
-            pool.submit(lambda m=model, a=at, x=x: record(m, a, _post(target, m, x, timeout_s)))
+            pool.submit(lambda m=model, a=at, x=x, s=sent: record(m, a, s, _post(target, m, x, timeout_s)))
         else:
             try:
                 fut = target.submit(model, x)
             except Exception as e:  # noqa: BLE001 - Overloaded / BadRequest: counted, the load goes on
-                record(model, at, 503 if type(e).__name__ == "Overloaded" else 400)
+                record(model, at, sent, 503 if type(e).__name__ == "Overloaded" else 400)
                 continue
-            fut.add_done_callback(lambda f, m=model, a=at: record(m, a, 200 if f.exception() is None else 500))
+            fut.add_done_callback(lambda f, m=model, a=at, s=sent: record(m, a, s, 200 if f.exception() is None else 500))
         if progress:
             progress(1)
     for _ in arrivals:
@@ -100,7 +104,8 @@ def summary(records: list[Record]) -> dict:
         out[model] = {"requests": sum(1 for r in records if r.model == model), "failed": failed,
                       "mean_ms": float(lat.mean()) if lat.size else None,
                       "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
-                      "p99_ms": float(np.percentile(lat, 99)) if lat.size else None}
+                      "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
+                      "send_lag_ms_median": float(np.median([r.lag_ms for r in records if r.model == model]))}
     return out
 
 
@@ -108,9 +113,10 @@ def write(records: list[Record], path) -> None:
     """JSON lines, one request each (or CSV when the path ends in .csv)."""
     with open(path, "w") as f:
         if str(path).endswith(".csv"):
-            f.write("model,scheduled_s,latency_ms,status\n")
+            f.write("model,scheduled_s,latency_ms,status,lag_ms\n")
             for r in records:
-                f.write(f"{r.model},{r.scheduled:.6f},{'' if r.latency_ms is None else f'{r.latency_ms:.4f}'},{r.status}\n")
+                f.write(f"{r.model},{r.scheduled:.6f},{'' if r.latency_ms is None else f'{r.latency_ms:.4f}'},"
+                        f"{r.status},{r.lag_ms:.4f}\n")
         else:
             for r in records:
                 f.write(json.dumps(asdict(r)) + "\n")
