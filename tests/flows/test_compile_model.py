@@ -202,8 +202,11 @@ def test_reprofile_fleet(workdir):
     than now drifts, its deployment is re-planned, and republished only if the plan changed."""
     import subprocess as sp
 
-    # what the deployment was planned with is far from what the CPU does now
-    slow_down(workdir / "artifacts" / "tiny" / "1" / "profiles" / "coral-usb-emulated.json")
+    # what the deployment was planned with (the version it serves: 2 after the killed-build test) is far from
+    # what the CPU does now
+    plan = json.loads((workdir / "artifacts" / "deployments" / "tiny-solo" / "plans" / "swapless.json").read_text())
+    served = plan["models"][0]["version"]
+    slow_down(workdir / "artifacts" / "tiny" / served / "profiles" / "coral-usb-emulated.json")
     script = ("import json, sys; from flows.reprofile_fleet import reprofile_fleet; "
               "print('SUMMARY' + json.dumps(reprofile_fleet(root='artifacts'), default=str))")
     env = {**os.environ, "PREFECT_HOME": str(workdir / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
@@ -215,5 +218,5 @@ def test_reprofile_fleet(workdir):
     store = workdir / ".edgeplan" / "store"
     assert (store / "jobs" / summary["jobs"][0] / "job.json").is_file()
     assert list((store / "jobs" / summary["jobs"][0] / "result").glob("*.json"))
-    assert "tiny-solo" in summary["replanned"] and summary["versioned"] == ["tiny:1"]  # the new profile in DVC
+    assert "tiny-solo" in summary["replanned"] and summary["versioned"] == [f"tiny:{served}"]  # the new profile in DVC
     assert [r["deployment"] for r in summary["published"]] == summary["plan_changed"]
