@@ -43,6 +43,9 @@ def cmd_run(args, params) -> int:
     started = time.time()
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING" if not args.verbose else "INFO")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # offline; and its sqlite insert races
+    # a fresh Prefect home migrates its database at the first start: on a busy 2-core machine that can take
+    # longer than Prefect's 20 s default
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     if args.model is not None and (args.name is None or args.version is None):
         raise SystemExit("edgeplan run MODEL needs --name and --version (without MODEL it builds params.yaml's models)")
     key = ensure_key(params, args.key)

@@ -8,6 +8,8 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
+# a fresh Prefect home's ephemeral server migrates its database first: slow on a busy 2-core machine
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 from edgeplan.pipeline import params as params_mod  # noqa: E402
 from edgeplan.pipeline import stages  # noqa: E402
