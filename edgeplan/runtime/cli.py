@@ -103,7 +103,7 @@ def cmd_status(args) -> int:
 def _runtime(args):
     from edgeplan.runtime.engine import Runtime
 
-    rates = dict(_rate(r) for r in args.rate or [])
+    rates = dict(args.rate or [])  # argparse made them (model, rate) pairs already
     return Runtime(Path(args.dir), mode=args.mode, adapt=not args.no_adapt, window_s=args.window,
                    interval_s=args.interval, max_inflight=args.max_inflight, rates=rates or None)
 
@@ -115,7 +115,8 @@ def _ready(args):
     rt = _runtime(args)
     if rt.mode == "emulated":
         n = sum(rt.precompute(e.name, load_inputs(rt.rev_dir, e, args.inputs), points="all") for e in rt.manifest.models)
-        print(f"computed {n} prefix outputs ahead for the EMULATED Edge TPU ({args.inputs} inputs per model)")
+        print(f"computed {n} prefix outputs ahead for the EMULATED Edge TPU ({args.inputs} inputs per model)",
+              file=sys.stderr)
     return rt.start()
 
 
@@ -178,22 +179,16 @@ def cmd_loadgen(args) -> int:
     from edgeplan.runtime.pull import active
 
     found = active(Path(args.dir))
-    rev_dir, manifest = found if found else (None, None)
-    if manifest is None:
+    if found is None:
         raise EdgeplanError(f"{args.dir}: no active revision (loadgen reads the models' inputs from it)")
+    rev_dir, manifest = found
     rates = dict(args.rate)
     entries = {e.name: e for e in manifest.models}
     unknown = set(rates) - set(entries)
     if unknown:
         raise EdgeplanError(f"no model {', '.join(sorted(unknown))} in {manifest.deployment} (models: {', '.join(entries)})")
     inputs = {n: load_inputs(rev_dir, entries[n], args.inputs) for n in rates}
-    target = args.url
-    if target is None:
-        args.dir, args.mode = str(args.dir), "emulated"
-        rt = _runtime(args)
-        for n in rates:
-            rt.precompute(n, inputs[n], points="all")
-        target = rt.start()
+    target = args.url if args.url is not None else _ready(args)  # in-process: the same input set computed ahead
     sent = [0]
     total = len(loadgen.schedule(rates, args.duration, args.seed))
 

@@ -29,8 +29,16 @@ import numpy as np
 
 from edgeplan.errors import EdgeplanError
 from edgeplan.quantize import litert
-from edgeplan.runtime.model import BadRequest, ServedModel, dequantize_output, input_key, load_plan, quantize_input
-from edgeplan.runtime.pull import active
+from edgeplan.runtime.model import (
+    BadRequest,
+    ServedModel,
+    dequantize_output,
+    input_key,
+    load_plan,
+    quantize_input,
+    segment_dir,
+)
+from edgeplan.runtime.pull import active, read_manifest
 
 BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
@@ -47,7 +55,6 @@ class Request:
     key: int
     future: Future
     arrival: float = field(default_factory=time.perf_counter)
-    marks: list = field(default_factory=list)  # (stage, perf_counter) as the request moves
 
 
 class RateMonitor:
@@ -97,7 +104,6 @@ class CpuPool:
         self.lock = threading.Lock()
         self.target = cores
         self.alive = 0
-        self.busy = 0
         self.resize(cores)
 
     def resize(self, cores: int) -> None:
@@ -127,9 +133,6 @@ class CpuPool:
                 req, tensor = self.q.get(timeout=0.05)
             except queue.Empty:
                 continue
-            with self.lock:
-                self.busy += 1
-            req.marks.append(("cpu", time.perf_counter()))
             try:
                 it = interps.get(req.point)
                 if it is None:
@@ -138,9 +141,6 @@ class CpuPool:
                 self.engine.finish(req, litert.run(it, tensor))
             except Exception as e:  # noqa: BLE001 - the request fails, the pool goes on
                 self.engine.fail(req, e)
-            finally:
-                with self.lock:
-                    self.busy -= 1
 
 
 class Accelerator(threading.Thread):
@@ -154,7 +154,6 @@ class Accelerator(threading.Thread):
         self.cache: collections.OrderedDict = collections.OrderedDict()  # model -> (point, bytes), LRU first
         self.used = 0
         self.interps: dict = {}
-        self.busy_s = 0.0
         self.late_s = 0.0  # how late time.sleep wakes, estimated
         self.evictions = 0
         self.cpu_fallbacks = 0
@@ -195,7 +194,7 @@ class Accelerator(threading.Thread):
         if key not in self.interps:
             from ai_edge_litert.interpreter import Interpreter, load_delegate
 
-            path = m.rev_dir / "models" / m.entry.name / m.entry.version / "segments" / f"p{p}" / "prefix_edgetpu.tflite"
+            path = segment_dir(m.rev_dir, m.entry, p) / "prefix_edgetpu.tflite"
             it = Interpreter(model_path=str(path), experimental_delegates=[load_delegate("libedgetpu.so.1")])
             it.allocate_tensors()
             self.interps[key] = it
@@ -208,7 +207,6 @@ class Accelerator(threading.Thread):
                 return
             m = self.engine.models[req.model]
             t0 = time.perf_counter()
-            req.marks.append(("accelerator", t0))
             try:
                 if self.mode == "edgetpu":
                     out = self._prefix_on_edgetpu(m, req.point, req.x)
@@ -225,8 +223,6 @@ class Accelerator(threading.Thread):
             except Exception as e:  # noqa: BLE001
                 self.engine.fail(req, e)
                 continue
-            self.busy_s += time.perf_counter() - t0
-            req.marks.append(("held", time.perf_counter()))
             if req.point < m.last:
                 self.engine.pools[req.model].submit(req, out)
             else:
@@ -246,10 +242,7 @@ class Runtime:
             rev_dir = Path(dest)
             if not (rev_dir / "manifest.json").is_file():
                 raise EdgeplanError(f"{dest}: no active revision (run `edgeplan-runtime pull` first)")
-            from edgeplan.bundle.manifest import Manifest
-            import json
-
-            found = rev_dir, Manifest.from_json(json.loads((rev_dir / "manifest.json").read_text()))
+            found = rev_dir, read_manifest(rev_dir)
         self.rev_dir, self.manifest = found
         if mode not in ("emulated", "cpu", "edgetpu"):
             raise EdgeplanError(f"accelerator mode {mode!r}: emulated, cpu or edgetpu")
@@ -262,8 +255,7 @@ class Runtime:
         for entry in self.manifest.models:
             pm = planned[entry.name]
             rate = (rates or {}).get(entry.name, pm.rate)
-            self.models[entry.name] = ServedModel.load(self.rev_dir, self.manifest, entry, rate,
-                                                       preload[entry.name] | {pm.point})
+            self.models[entry.name] = ServedModel.load(self.rev_dir, entry, rate, preload[entry.name] | {pm.point})
         self.order = [e.name for e in self.manifest.models]
         self.points = {n: planned[n].point for n in self.order}
         self.cores = {n: planned[n].cores for n in self.order}

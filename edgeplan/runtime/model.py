@@ -27,9 +27,13 @@ def load_plan(rev_dir: Path, manifest: Manifest) -> SwapLessPlan:
     return SwapLessPlan.from_json(json.loads((Path(rev_dir) / manifest.plan).read_text()))
 
 
+def segment_dir(rev_dir: Path, entry: ModelEntry, point: int) -> Path:
+    return Path(rev_dir) / "models" / entry.name / entry.version / "segments" / f"p{point}"
+
+
 def segment_paths(rev_dir: Path, entry: ModelEntry, point: int) -> tuple[Path | None, Path | None]:
     """(prefix_int8, suffix_int8) of ``point``: no prefix at 0 (all CPU), no suffix at P (all TPU)."""
-    base = Path(rev_dir) / "models" / entry.name / entry.version / "segments" / f"p{point}"
+    base = segment_dir(rev_dir, entry, point)
     return (base / "prefix_int8.tflite" if point > 0 else None,
             base / "suffix_int8.tflite" if point < entry.points else None)
 
@@ -84,7 +88,7 @@ class ServedModel:
     misses: int = 0  # partitions loaded from disk at serving time (not preloaded)
 
     @classmethod
-    def load(cls, rev_dir: Path, manifest: Manifest, entry: ModelEntry, rate: float, preload) -> ServedModel:
+    def load(cls, rev_dir: Path, entry: ModelEntry, rate: float, preload) -> ServedModel:
         profile = Profile.from_json(json.loads((Path(rev_dir) / entry.profile).read_text()))
         spec = model_spec(entry.name, rate, profile, f"{rev_dir / entry.profile}")
         m = cls(entry, Path(rev_dir), profile, spec, frozenset(preload))

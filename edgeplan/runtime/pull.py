@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,13 +104,18 @@ def _link(dest: Path, name: str, target: Path) -> None:
     tmp.replace(dest / name)
 
 
+def read_manifest(rev_dir: Path) -> Manifest:
+    """The manifest of a pulled revision directory (verified when it was pulled)."""
+    return Manifest.from_json(json.loads((Path(rev_dir) / "manifest.json").read_text()))
+
+
 def active(dest: Path) -> tuple[Path, Manifest] | None:
-    """The active revision's directory and manifest (verified when it was pulled), None before a pull."""
+    """The active revision's directory and manifest, None before a pull."""
     link = Path(dest) / "current"
     if not link.is_symlink():
         return None
     path = link.resolve()
-    return path, Manifest.from_json(json.loads((path / "manifest.json").read_text()))
+    return path, read_manifest(path)
 
 
 def pull(store, dest: Path, trusted: dict, *, device_id: str | None = None, deployment: str | None = None,
@@ -162,8 +168,6 @@ def pull(store, dest: Path, trusted: dict, *, device_id: str | None = None, depl
     rev_dir = dest / "revisions" / deployment / str(manifest.revision)
     staging = rev_dir.with_name(f".{manifest.revision}.staging")
     if staging.exists():
-        import shutil
-
         shutil.rmtree(staging)
     for ref in manifest.blobs:
         target = staging / ref.name
@@ -172,8 +176,6 @@ def pull(store, dest: Path, trusted: dict, *, device_id: str | None = None, depl
     (staging / "manifest.json").write_text(json.dumps(manifest.to_json(), indent=2))
     (staging / "latest").write_bytes(latest.encoded())
     if rev_dir.exists():
-        import shutil
-
         shutil.rmtree(rev_dir)
     staging.rename(rev_dir)
     previous = current[0] if current is not None else None
@@ -206,7 +208,7 @@ def rollback(dest: Path) -> tuple[Manifest, Manifest]:
     prev = prev_link.resolve()
     _link(dest, "previous", current[0])
     _link(dest, "current", prev)
-    return current[1], Manifest.from_json(json.loads((prev / "manifest.json").read_text()))
+    return current[1], read_manifest(prev)
 
 
 def check(rev_dir: Path, manifest: Manifest) -> None:

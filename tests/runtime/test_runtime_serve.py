@@ -244,3 +244,16 @@ def test_serve_cli_follows_new_revisions_and_survives_a_store_outage(published, 
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=30)
     assert "still serving revision 1" in proc.stderr.read()
+
+
+def test_loadgen_cli_in_process(device, tmp_path):
+    """`edgeplan-runtime loadgen DIR --rate M=R` with no --url serves in its own process and writes every request."""
+    out = tmp_path / "requests.csv"
+    proc = subprocess.run([sys.executable, "-m", "edgeplan.runtime.cli", "loadgen", str(device), "--rate",
+                           "tiny_cnn=40", "--duration", "1", "--no-adapt", "--out", str(out)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stats = json.loads(proc.stdout)["tiny_cnn"]
+    lines = out.read_text().splitlines()
+    assert lines[0] == "model,scheduled_s,latency_ms,status,lag_ms" and len(lines) - 1 == stats["requests"] > 10
+    assert stats["failed"] == 0 and stats["mean_ms"] > 0
