@@ -4,6 +4,13 @@ Imports numpy, ai-edge-litert, cryptography and the standard library only (boto3
 from __future__ import annotations
 
 from edgeplan.runtime.engine import Overloaded, Runtime
-from edgeplan.runtime.pull import HealthCheckFailed, PullRefused, PullResult, active, pull, rollback
+from edgeplan.runtime.pull import (
+    HealthCheckFailed,
+    PullRefused,
+    PullResult,
+    active,
+    pull,
+    rollback,
+)
 
 __all__ = ["HealthCheckFailed", "Overloaded", "PullRefused", "PullResult", "Runtime", "active", "pull", "rollback"]

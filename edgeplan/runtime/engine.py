@@ -8,7 +8,9 @@ Accelerator modes:
 - ``emulated`` (no Edge TPU): the worker returns the prefix output computed ahead (``precompute``: at start-up,
   for the finite set of inputs a load test uses; an input not computed ahead is run on the CPU and counted)
   and holds the modelled service time — the profile's EMULATED Edge TPU time (s^TPU + d/B, plus T^Load when
-  another model evicted the prefix's parameters from the on-chip cache) — so the CPU stays with the suffixes;
+  another model evicted the prefix's parameters from the on-chip cache) — so the CPU stays with the suffixes.
+  The hold runs on the emulated device's own FCFS clock: a prefix starts when its request arrived and the one
+  before it is done, whenever the worker thread gets to it;
 - ``cpu``: correctness mode, the prefix runs on the CPU (int8, LiteRT) and takes what it takes;
 - ``edgetpu``: a real Edge TPU through the libedgetpu delegate (prefix_edgetpu.tflite).
 numpy, ai-edge-litert and the standard library only.
@@ -17,8 +19,10 @@ from __future__ import annotations
 
 import bisect
 import collections
+import gc
 import queue
 import random
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -40,6 +44,12 @@ from edgeplan.runtime.model import (
 )
 from edgeplan.runtime.pull import active, read_manifest
 
+# How long a thread may hold the GIL while another waits for it (CPython: 5 ms). LiteRT releases the GIL while
+# it invokes; coming back, a suffix thread waits for the GIL, and behind a busy Python thread (HTTP, the load
+# generator, the allocator) that was up to 5 ms per request: a MobileNetV2 suffix timed 13 ms instead of 8 here.
+GIL_SWITCH_S = 2e-4
+SPIN_S = 4e-4  # wait_until: the last stretch before a deadline is spent yielding, not asleep
+SERVICE_SAMPLES = 10_000  # suffix invoke times kept per model and point
 BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -52,9 +62,55 @@ class Request:
     model: str
     point: int
     x: np.ndarray  # the int8 model input
-    key: int
     future: Future
     arrival: float = field(default_factory=time.perf_counter)
+    ready: float = 0.0  # emulated accelerator: when its prefix is done on the device's clock (perf_counter)
+
+
+def wait_until(deadline: float) -> None:
+    """Return at ``deadline`` (perf_counter), within tens of microseconds: sleep until SPIN_S before it (the OS
+    wakes a sleeper 85-400 us late on these VMs), then yield until it (each ``sleep(0)`` lets the GIL go)."""
+    left = deadline - time.perf_counter() - SPIN_S
+    if left > 0:
+        time.sleep(left)
+    while time.perf_counter() < deadline:
+        time.sleep(0)
+
+
+_PROCESS = {"running": 0, "switch": None}
+_PROCESS_LOCK = threading.Lock()
+
+
+def _process_enter(gil_switch_s: float | None) -> None:
+    """A runtime starts: the process's GIL switch interval (while any runtime runs) and the cyclic collector.
+    What is alive now (imports, segments, interpreters, prefix outputs computed ahead) stays alive, so it is
+    frozen out of the collector's passes: a full pass walked it all, pausing every thread (8 ms for the
+    runtime alone here, 170 ms in a process that has imported TensorFlow)."""
+    with _PROCESS_LOCK:
+        if _PROCESS["running"] == 0 and gil_switch_s:
+            _PROCESS["switch"] = sys.getswitchinterval()
+            sys.setswitchinterval(gil_switch_s)
+        _PROCESS["running"] += 1
+        gc.freeze()
+
+
+def _process_leave() -> None:
+    """A runtime stops: unfreeze, so it can be collected (``refreeze`` once it is gone, while others run)."""
+    with _PROCESS_LOCK:
+        _PROCESS["running"] -= 1
+        gc.unfreeze()
+        if _PROCESS["running"] == 0 and _PROCESS["switch"] is not None:
+            sys.setswitchinterval(_PROCESS["switch"])
+            _PROCESS["switch"] = None
+
+
+def refreeze() -> None:
+    """After a stopped runtime was dropped while another still runs (a revision swap): collect it, and freeze
+    what the running one holds again."""
+    with _PROCESS_LOCK:
+        gc.collect()
+        if _PROCESS["running"]:
+            gc.freeze()
 
 
 class RateMonitor:
@@ -102,6 +158,7 @@ class CpuPool:
         self.engine, self.model = engine, model
         self.q: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
+        self.service: dict[int, collections.deque] = {}  # point -> the last suffix invoke times (s)
         self.target = cores
         self.alive = 0
         self.resize(cores)
@@ -134,38 +191,67 @@ class CpuPool:
             except queue.Empty:
                 continue
             try:
-                it = interps.get(req.point)
-                if it is None:
-                    it = interps[req.point] = litert.interpreter(self.model.segment(req.point, "suffix"),
-                                                                 deterministic=False)
-                self.engine.finish(req, litert.run(it, tensor))
+                if req.ready:  # an emulated prefix: its suffix starts when the device's clock says it is done
+                    wait_until(req.ready)
+                run = interps.get(req.point)
+                if run is None:
+                    run = interps[req.point] = litert.Runner(litert.interpreter(
+                        self.model.segment(req.point, "suffix"), deterministic=False))
+                t = time.perf_counter()
+                y = run(tensor)
+                self.service.setdefault(req.point, collections.deque(maxlen=SERVICE_SAMPLES)).append(
+                    time.perf_counter() - t)
+                self.engine.finish(req, y)
             except Exception as e:  # noqa: BLE001 - the request fails, the pool goes on
                 self.engine.fail(req, e)
 
 
 class Accelerator(threading.Thread):
-    """The global accelerator worker: prefixes FCFS, one at a time."""
+    """The global accelerator worker: prefixes FCFS, one at a time.
+
+    A real Edge TPU (``edgetpu``) or the CPU (``cpu``): this thread runs each prefix and hands its output to the
+    model's pool. EMULATED: the device is a clock — ``emulate``, in the submitting thread, gives a request its
+    prefix's completion time FCFS (``free_at``: from its arrival or the previous prefix's end, plus the modelled
+    service time and any reload) and the prefix output computed ahead; its suffix pool picks it up at once and
+    starts it at that time, and this thread completes all-accelerator requests at theirs. So the emulated
+    device's timing does not depend on when Python threads get woken (a real device's does not either; the
+    hand-off from the thread that waited on a real Edge TPU to the pool is a cost emulation leaves out)."""
 
     def __init__(self, engine: Runtime, mode: str, capacity: int, seed: int = 0):
         super().__init__(name="accelerator", daemon=True)
         self.engine, self.mode, self.capacity = engine, mode, capacity
-        self.q: queue.Queue = queue.Queue()
+        self.q: queue.Queue = queue.Queue()  # (request, prefix output or None: run it here)
+        self.lock = threading.Lock()  # the emulated clock and on-chip cache
+        self.cpu_lock = threading.Lock()  # prefix interpreters run on the CPU (not thread-safe)
         self.rng = random.Random(seed)
         self.cache: collections.OrderedDict = collections.OrderedDict()  # model -> (point, bytes), LRU first
         self.used = 0
         self.interps: dict = {}
-        self.late_s = 0.0  # how late time.sleep wakes, estimated
+        self.free_at = 0.0  # emulated: when the device finishes what it was given (perf_counter)
         self.evictions = 0
         self.cpu_fallbacks = 0
 
-    def _hold_until(self, deadline: float) -> None:
-        """Sleep until ``deadline`` (perf_counter): the OS wakes a sleeper late (~85 us on the build VMs), so
-        the sleep is cut short by a running estimate of that lateness (busy-waiting would hold the GIL)."""
-        left = deadline - time.perf_counter() - self.late_s
-        if left > 0:
-            time.sleep(left)
-            late = time.perf_counter() - (deadline - self.late_s)
-            self.late_s = min(0.002, max(0.0, 0.9 * self.late_s + 0.1 * late))
+    def emulate(self, req: Request) -> None:
+        """EMULATED: schedule ``req``'s prefix on the device's clock and pass the request on (see the class)."""
+        m = self.engine.models[req.model]
+        hit = self.engine.computed.get((m.name, req.point, input_key(req.x)))
+        out = hit[1] if hit is not None and np.array_equal(hit[0], req.x) else None
+        fell_back = out is None
+        if fell_back:  # not computed ahead: run on the CPU here, and the device is busy at least that long
+            with self.cpu_lock:
+                self.cpu_fallbacks += 1
+                out = self._prefix_on_cpu(m, req.point, req.x)
+        with self.lock:
+            start = max(req.arrival, self.free_at)
+            self.free_at = start + self._resident(m, req.point) + m.tpu_service_s(req.point, self.rng)
+            if fell_back:
+                self.free_at = max(self.free_at, time.perf_counter())
+            req.ready = self.free_at
+            # queued under the lock: every queue then holds its requests in the order of their ready times
+            if req.point < m.last:
+                self.engine.pools[req.model].submit(req, out)
+            else:
+                self.q.put((req, out))
 
     def _resident(self, m: ServedModel, p: int) -> float:
         """Make (m, p) resident in the on-chip cache (SwapLess's LRU); the load time it costs (s)."""
@@ -186,8 +272,8 @@ class Accelerator(threading.Thread):
     def _prefix_on_cpu(self, m: ServedModel, p: int, x: np.ndarray) -> np.ndarray:
         key = (m.name, p)
         if key not in self.interps:
-            self.interps[key] = litert.interpreter(m.segment(p, "prefix"), deterministic=False)
-        return litert.run(self.interps[key], x)
+            self.interps[key] = litert.Runner(litert.interpreter(m.segment(p, "prefix"), deterministic=False))
+        return self.interps[key](x)
 
     def _prefix_on_edgetpu(self, m: ServedModel, p: int, x: np.ndarray) -> np.ndarray:
         key = (m.name, p, "edgetpu")
@@ -197,29 +283,24 @@ class Accelerator(threading.Thread):
             path = segment_dir(m.rev_dir, m.entry, p) / "prefix_edgetpu.tflite"
             it = Interpreter(model_path=str(path), experimental_delegates=[load_delegate("libedgetpu.so.1")])
             it.allocate_tensors()
-            self.interps[key] = it
-        return litert.run(self.interps[key], x)
+            self.interps[key] = litert.Runner(it)
+        return self.interps[key](x)
 
     def run(self) -> None:
         while True:
-            req = self.q.get()
-            if req is None:
+            item = self.q.get()
+            if item is None:
                 return
+            req, out = item
             m = self.engine.models[req.model]
-            t0 = time.perf_counter()
             try:
-                if self.mode == "edgetpu":
+                if out is not None:  # emulated, all on the accelerator: done at the device's time
+                    wait_until(req.ready)
+                elif self.mode == "edgetpu":
                     out = self._prefix_on_edgetpu(m, req.point, req.x)
-                elif self.mode == "cpu":
-                    out = self._prefix_on_cpu(m, req.point, req.x)
                 else:
-                    hold = self._resident(m, req.point) + m.tpu_service_s(req.point, self.rng)
-                    hit = self.engine.computed.get((m.name, req.point, req.key))
-                    out = hit[1] if hit is not None and np.array_equal(hit[0], req.x) else None
-                    if out is None:
-                        self.cpu_fallbacks += 1
+                    with self.cpu_lock:
                         out = self._prefix_on_cpu(m, req.point, req.x)
-                    self._hold_until(t0 + hold)
             except Exception as e:  # noqa: BLE001
                 self.engine.fail(req, e)
                 continue
@@ -231,12 +312,13 @@ class Accelerator(threading.Thread):
 
 class Runtime:
     """Serve the active revision under ``dest`` (or a revision directory). Python API: ``start()``,
-    ``infer(model, x)``/``submit(model, x)`` (float input in the model's layout -> float output),
+    ``infer(model, x)``/``submit(model, x)`` (float input in the model's layout, or the int8 model's tensor
+    as it is -> float output),
     ``precompute(model, xs)``, ``configure(points, cores)``, ``metrics_text()``, ``status()``, ``stop()``."""
 
     def __init__(self, dest: Path, *, mode: str = "emulated", adapt: bool = True, window_s: float = 10.0,
                  interval_s: float = 2.0, max_inflight: int = 256, hysteresis: float = 0.02, seed: int = 0,
-                 rates: dict[str, float] | None = None):
+                 rates: dict[str, float] | None = None, gil_switch_s: float | None = GIL_SWITCH_S):
         found = active(dest)
         if found is None:
             rev_dir = Path(dest)
@@ -261,6 +343,7 @@ class Runtime:
         self.cores = {n: planned[n].cores for n in self.order}
         self.mode, self.adapt, self.interval, self.max_inflight = mode, adapt, interval_s, max_inflight
         self.hysteresis = hysteresis
+        self.gil_switch_s, self._left = gil_switch_s, False
         self.monitor = RateMonitor(self.order, window_s)
         self.computed: dict = {}
         self.inflight = 0
@@ -278,6 +361,7 @@ class Runtime:
 
     # life cycle ---------------------------------------------------------------------------------------------
     def start(self) -> Runtime:
+        _process_enter(self.gil_switch_s)
         self.accelerator.start()
         self.pools = {n: CpuPool(self, self.models[n], self.cores[n]) for n in self.order}
         if self.adapt:
@@ -289,6 +373,9 @@ class Runtime:
         self._stop.set()
         self.stopping = True
         self.accelerator.q.put(None)
+        if not self._left:
+            self._left = True
+            _process_leave()
 
     def __enter__(self):
         return self.start()
@@ -310,8 +397,9 @@ class Runtime:
             for p in pts:
                 if 0 < p and (model, p, k) not in self.computed:
                     if (model, p) not in its:
-                        its[model, p] = litert.interpreter(m.segment(p, "prefix", count=False), deterministic=False)
-                    self.computed[model, p, k] = (q, litert.run(its[model, p], q))
+                        its[model, p] = litert.Runner(litert.interpreter(m.segment(p, "prefix", count=False),
+                                                                         deterministic=False))
+                    self.computed[model, p, k] = (q, its[model, p](q))
                     n += 1
         return n
 
@@ -331,12 +419,14 @@ class Runtime:
                 raise Overloaded(f"{self.inflight} requests in flight (limit {self.max_inflight}); retry later")
             self.inflight += 1
         fut: Future = Future()
-        req = Request(model, self.points[model], q, input_key(q), fut)
+        req = Request(model, self.points[model], q, fut)
         self.monitor.arrive(model, req.arrival)
-        if req.point > 0:
-            self.accelerator.q.put(req)
-        else:
+        if req.point == 0:
             self.pools[model].submit(req, q)
+        elif self.mode == "emulated":
+            self.accelerator.emulate(req)
+        else:
+            self.accelerator.q.put((req, None))
         return fut
 
     def infer(self, model: str, x, timeout: float | None = 60.0) -> np.ndarray:
@@ -405,7 +495,7 @@ class Runtime:
         while not self._stop.wait(self.interval):
             try:
                 self.reallocate(self.monitor.rates())
-            except Exception:  # noqa: BLE001 - the allocator failing must not stop serving
+            except Exception:  # the allocator failing must not stop serving
                 import logging
 
                 logging.getLogger(__name__).exception("re-allocation failed; the configuration stays")
@@ -417,8 +507,26 @@ class Runtime:
                 "models": {n: {"point": self.points[n], "of": self.models[n].last, "cores": self.cores[n],
                                "rate_rps": round(rates[n], 3), "requests": self.hist[n].n,
                                "mean_latency_ms": round(1e3 * self.hist[n].sum / self.hist[n].n, 3)
-                               if self.hist[n].n else None} for n in self.order},
+                               if self.hist[n].n else None,
+                               "suffix_service_ms": {p: round(1e3 * sum(v) / len(v), 3)
+                                                     for p, v in sorted(self.service_times(n).items())}}
+                           for n in self.order},
                 "inflight": self.inflight, "switches": self.switches}
+
+    def _queues(self) -> list[tuple[str, int]]:
+        now, acc, cpu = time.perf_counter(), collections.Counter(), collections.Counter()
+        for req, _ in [x for x in list(self.accelerator.q.queue) if x is not None]:
+            acc[req.model] += 1
+        for n, pool in self.pools.items():
+            for req, _ in list(pool.q.queue):
+                (acc if req.ready > now else cpu)[n] += 1
+        return [*((f'model="{n}",stage="accelerator"', acc[n]) for n in self.order),
+                *((f'model="{n}",stage="cpu"', cpu[n]) for n in self.order)]
+
+    def service_times(self, model: str) -> dict[int, list[float]]:
+        """The suffix invoke times (s) the model's pool timed, per point (the last SERVICE_SAMPLES of each)."""
+        pool = self.pools.get(model)
+        return {p: list(v) for p, v in list(pool.service.items()) if v} if pool else {}
 
     def metrics_text(self) -> str:
         """Prometheus text format."""
@@ -437,12 +545,14 @@ class Runtime:
                   "# TYPE edgeplan_requests_total counter"]
         lines += [f'edgeplan_requests_total{{model="{n}",code="{c}"}} {v}' for (n, c), v in sorted(self.codes.items())]
         gauges = {
-            "edgeplan_queue_length": ("Requests waiting, by stage.", [
-                *((f'model="{n}",stage="accelerator"', sum(1 for r in list(self.accelerator.q.queue)
-                                                            if r is not None and r.model == n)) for n in self.order),
-                *((f'model="{n}",stage="cpu"', self.pools[n].q.qsize() if n in self.pools else 0) for n in self.order)]),
+            "edgeplan_queue_length": (("Requests waiting, by stage (EMULATED accelerator: until the device's "
+                                        "clock says their prefix is done)."), self._queues()),
             "edgeplan_partition_point": ("Current partition point (0 = all CPU, P = all accelerator).",
                                          [(f'model="{n}"', self.points[n]) for n in self.order]),
+            "edgeplan_suffix_service_seconds": ((f"Mean time of the suffix's invoke on its CPU pool, by point "
+                                                 f"(the last {SERVICE_SAMPLES} of each)."), [
+                (f'model="{n}",point="{p}"', round(sum(v) / len(v), 6))
+                for n in self.order for p, v in sorted(self.service_times(n).items())]),
             "edgeplan_cpu_cores": ("CPU threads of the model's suffix pool (k_i).",
                                    [(f'model="{n}"', self.cores[n]) for n in self.order]),
             "edgeplan_request_rate": ("Arrival rate over the monitor's window (1/s).",

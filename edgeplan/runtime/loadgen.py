@@ -114,9 +114,7 @@ def write(records: list[Record], path) -> None:
     with open(path, "w") as f:
         if str(path).endswith(".csv"):
             f.write("model,scheduled_s,latency_ms,status,lag_ms\n")
-            for r in records:
-                f.write(f"{r.model},{r.scheduled:.6f},{'' if r.latency_ms is None else f'{r.latency_ms:.4f}'},"
-                        f"{r.status},{r.lag_ms:.4f}\n")
+            f.writelines(f"{r.model},{r.scheduled:.6f},{'' if r.latency_ms is None else f'{r.latency_ms:.4f}'},"
+                        f"{r.status},{r.lag_ms:.4f}\n" for r in records)
         else:
-            for r in records:
-                f.write(json.dumps(asdict(r)) + "\n")
+            f.writelines(json.dumps(asdict(r)) + "\n" for r in records)

@@ -2,10 +2,10 @@
 quantization, the profile's service times, and the SwapLess model spec. numpy + ai-edge-litert only."""
 from __future__ import annotations
 
-import zlib
 import json
 import random
 import threading
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,8 +40,11 @@ def segment_paths(rev_dir: Path, entry: ModelEntry, point: int) -> tuple[Path | 
 
 def quantize_input(x: np.ndarray, q: Quantization) -> np.ndarray:
     """A float request in the model's float layout -> the int8 model's input tensor (~0.2 ms for a 224x224x3
-    image here)."""
+    image here). An input already in the int8 model's dtype and shape (a client that quantized it, e.g. a
+    camera pipeline producing the model's tensor) is taken as it is."""
     x = np.asarray(x)
+    if x.dtype == np.dtype(q.dtype) and tuple(x.shape) in (tuple(q.shape), tuple(q.shape[1:])):
+        return np.ascontiguousarray(x.reshape(q.shape))
     if x.ndim == len(q.float_shape) - 1:
         x = x[None]
     if tuple(x.shape) != tuple(q.float_shape):
@@ -50,9 +53,11 @@ def quantize_input(x: np.ndarray, q: Quantization) -> np.ndarray:
     if not np.issubdtype(x.dtype, np.number):
         raise BadRequest(f"input dtype {x.dtype}; send numbers (float32)")
     info = np.iinfo(np.dtype(q.dtype))
-    # the float layout transposed as a view, one float buffer in the int8 layout, rounded and clipped in place
-    # (bit-equal to round(x / scale + zero) of the converter's reference; an int8 transpose is slower)
-    buf = np.divide(x.transpose(q.to_int8_layout) if q.to_int8_layout else x, np.float32(q.scale), dtype=np.float32)
+    # one C-ordered float buffer in the int8 layout, divided into from the float layout's transposed view, rounded
+    # and clipped in place (bit-equal to round(x / scale + zero) of the converter's reference; an int8 transpose
+    # is slower). C order: the fingerprint and the interpreter read it without another copy.
+    buf = np.empty(q.shape, np.float32)
+    np.divide(x.transpose(q.to_int8_layout) if q.to_int8_layout else x.reshape(q.shape), np.float32(q.scale), out=buf)
     buf += np.float32(q.zero_point)
     np.rint(buf, out=buf)
     np.clip(buf, info.min, info.max, out=buf)
@@ -68,9 +73,9 @@ def dequantize_output(y: np.ndarray, q: Quantization) -> np.ndarray:
 
 
 def input_key(q: np.ndarray) -> int:
-    """A cheap fingerprint of an int8 input (crc32: ~20x faster than a cryptographic hash on an image); the
-    emulated accelerator confirms a hit by comparing the input itself."""
-    return zlib.crc32(memoryview(np.ascontiguousarray(q)).cast("B"))
+    """A cheap fingerprint of an int8 input: crc32 of every 61st byte (~5 us for a 224x224x3 image, against
+    ~80 us for all of it); the emulated accelerator confirms a hit by comparing the whole input."""
+    return zlib.crc32(np.ascontiguousarray(q).reshape(-1)[::61].tobytes())
 
 
 @dataclass

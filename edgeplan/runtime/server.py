@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 
-from edgeplan.runtime.engine import Overloaded, Runtime
+from edgeplan.runtime.engine import Overloaded, Runtime, refreeze
 from edgeplan.runtime.model import BadRequest
 
 NPY = "application/x-npy"
@@ -25,7 +25,7 @@ MAX_BODY = 64 << 20
 
 def decode(body: bytes, content_type: str) -> tuple[np.ndarray, str]:
     """A request body -> (array, the format to answer in)."""
-    if content_type.startswith(NPY) or content_type.startswith("application/octet-stream") or body[:6] == b"\x93NUMPY":
+    if content_type.startswith((NPY, "application/octet-stream")) or body[:6] == b"\x93NUMPY":
         try:
             return np.load(io.BytesIO(body), allow_pickle=False), "npy"
         except (ValueError, OSError, EOFError) as e:
@@ -65,6 +65,8 @@ class Current:
         while old.inflight and time.monotonic() < deadline:
             time.sleep(0.05)
         old.stop()
+        del old
+        refreeze()
 
 
 def make_handler(current: Current):

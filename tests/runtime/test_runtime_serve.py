@@ -18,7 +18,7 @@ import pytest
 
 from edgeplan.runtime import Overloaded, Runtime, pull
 from edgeplan.runtime import loadgen
-from edgeplan.runtime.model import dequantize_output, load_inputs
+from edgeplan.runtime.model import dequantize_output, load_inputs, quantize_input
 from edgeplan.runtime.server import serve
 from edgeplan.store import open_store
 
@@ -50,7 +50,14 @@ def test_outputs_match_the_bundle_at_every_point(device, mode):
             y = rt.infer(name, x)
             # XNNPACK's int8 kernels (what the device serves with) may round one step off the reference kernels
             assert y.shape == want.shape and np.max(np.abs(y - want)) <= 2 * scale + 1e-6, (mode, p)
+            # a client that quantized the input itself (the int8 model's dtype and layout): taken as it is
+            q = quantize_input(x, rt.manifest.models[0].input)
+            assert q.dtype == np.int8 and np.array_equal(rt.infer(name, q), y), (mode, p)
         assert rt.accelerator.cpu_fallbacks == 0
+        # every point with a suffix ran it twice on the pool, timed
+        served = rt.status()["models"][name]["suffix_service_ms"]
+        assert sorted(served) == list(range(m.last)) and all(v > 0 for v in served.values())
+        assert all(len(v) == 2 for v in rt.service_times(name).values())
 
 
 def test_switches_under_load_lose_no_request(device):
@@ -76,6 +83,27 @@ def test_switches_under_load_lose_no_request(device):
         t.join()
         assert rt.switches >= 100
         assert records and all(r.status == 200 for r in records), loadgen.summary(records)
+
+
+def test_emulated_accelerator_is_fcfs_on_its_own_clock(device):
+    """A burst at the all-accelerator point: the EMULATED device serves it one prefix at a time in arrival
+    order, each held at least its modelled time (lower bounds only: a slow machine cannot fail this)."""
+    with Runtime(device, adapt=False) as rt:
+        name = rt.order[0]
+        m = rt.models[name]
+        xs = load_inputs(rt.rev_dir, rt.manifest.models[0], 3)
+        rt.precompute(name, xs, points="all")
+        rt.configure({name: m.last}, {name: 0})
+        shortest = min(m.spec.tpu_samples[m.last] or [m.spec.s_tpu[m.last]]) + m.spec.io[m.last]
+        done, t0 = [], time.perf_counter()
+        futs = [rt.submit(name, xs[i % 3]) for i in range(8)]
+        for i, f in enumerate(futs):
+            f.add_done_callback(lambda f, i=i: done.append((i, time.perf_counter())))
+        for f in futs:
+            f.result(30)
+        assert [i for i, _ in done] == list(range(8))  # FCFS
+        assert all(t - t0 >= (i + 1) * shortest for i, t in done)  # one at a time, each held
+        assert rt.accelerator.cpu_fallbacks == 0
 
 
 def test_reallocation_follows_the_rates(device):
