@@ -48,7 +48,10 @@ from _common import machine, publish, pyplot
 # treats a suffix core as dedicated, and on 2 vCPUs two suffix threads plus the runtime do not leave it so.
 SUFFIX_CORES = max(1, (os.cpu_count() or 2) - 1)
 PILOT_S = 3.0
-MIN_REQUESTS, MAX_RUN_S = 1000, 120.0
+MIN_REQUESTS, MAX_RUN_S = 1000, 120.0  # per configuration, over its repeats
+REPEATS = 3
+MEDIANS = ("measured_ms", "predicted_ms", "model_ms", "simulated_ms", "predicted_from_profile_ms", "dispatch_ms",
+           "suffix_served_ms", "suffix_profile_ms", "suffix_served_autocorrelation", "cpu_speed_factor")
 
 # service times well above the Python runtime's own ~0.3-0.5 ms per request (thread hand-offs on these VMs)
 MODELS = {"full": ("mobilenetv2_224", "resnet50v2_224"), "quick": ("tiny_cnn", "tiny_cnn")}
@@ -167,13 +170,22 @@ def autocorrelation(xs: list[float]) -> float | None:
     return float(np.dot(x[:-1], x[1:]) / den) if den > 0 else None
 
 
-def measure(rt, points, cores, rho: float, duration: float, inputs, dispatch: dict[str, float]) -> dict:
-    """One configuration at utilisation ``rho``: a pilot of PILOT_S at the rates the profile gives sets the
-    rates from the suffix times served (on this machine they differ from the profile's by up to 1.7x, see
-    the README), then the measured run: at least ``duration``, longer (up to MAX_RUN_S) until the slowest
-    model has had MIN_REQUESTS (a mean over a few hundred requests of a queue behind a 50-ms service moves by
-    tens of percent). Predictions are the model's mean plus the runtime's cost per request (``dispatch``,
-    measured apart); the model's alone are kept beside them."""
+def pilot_rates(rt, points, cores, rho: float, inputs) -> dict[str, float]:
+    """Rates for utilisation ``rho``: a pilot of PILOT_S at the rates the profile gives, then the rates the
+    suffix times it served give (on this machine they differ from the profile's by up to 1.7x)."""
+    from edgeplan.runtime import loadgen
+
+    rt.configure(points, cores, "bench")
+    rates = rate_for(rt, points, cores, rho)
+    return rate_for(rt, points, cores, rho, served_during(
+        rt, points, lambda: loadgen.run(rt, rates, PILOT_S, inputs, seed=7)))
+
+
+def measure(rt, points, cores, rates, duration: float, inputs, dispatch: dict[str, float]) -> dict:
+    """One run of a configuration at ``rates``: at least ``duration``, longer (up to MAX_RUN_S / REPEATS)
+    until the slowest model has had MIN_REQUESTS / REPEATS (a mean over a few hundred requests of a queue
+    behind a 50-ms service moves by tens of percent). Predictions are the model's mean plus the runtime's
+    cost per request (``dispatch``, measured apart); the model's alone are kept beside them."""
     from edgeplan.plan.simulate.des import simulate
     from edgeplan.plan.swapless.instance import Config
     from edgeplan.plan.swapless.queueing import evaluate
@@ -181,10 +193,7 @@ def measure(rt, points, cores, rho: float, duration: float, inputs, dispatch: di
 
     rt.configure(points, cores, "bench")
     factor = speed(rt)
-    rates = rate_for(rt, points, cores, rho)
-    pilot = served_during(rt, points, lambda: loadgen.run(rt, rates, PILOT_S, inputs, seed=7))
-    rates = rate_for(rt, points, cores, rho, pilot)
-    duration = max(duration, min(MAX_RUN_S, MIN_REQUESTS / min(r for r in rates.values() if r > 0)))
+    duration = max(duration, min(MAX_RUN_S, MIN_REQUESTS / min(r for r in rates.values() if r > 0)) / REPEATS)
     records = []
     served = served_during(rt, points, lambda: records.extend(
         loadgen.run(rt, rates, duration, inputs, seed=int(1000 * sum(rates.values())))))
@@ -252,27 +261,45 @@ def quantized_inputs(rt, n: int) -> dict[str, list[np.ndarray]]:
 
 
 def validation(dest: Path, duration: float) -> list[dict]:
+    """Every configuration at utilisations 0.3 and 0.6, REPEATS times, the repeats interleaved (a slow spell
+    of this shared machine then hits one repeat of a configuration, not all); per configuration and model the
+    medians over the repeats of the measured and the predicted means."""
     from edgeplan.runtime import Runtime
 
-    out = []
     with Runtime(dest, adapt=False, max_inflight=100_000) as rt:
+        dep = rt.manifest.deployment
         inputs = quantized_inputs(rt, 8)
         for n in rt.order:
             rt.precompute(n, inputs[n], points="all")
-        fixed = dispatch_ms(rt, inputs)
-        print(f"[bench] {rt.manifest.deployment}: runtime dispatch cost per request {fixed}", flush=True)
-        for points, cores in configs(rt):
-            for rho in (0.3, 0.6):
-                res = measure(rt, points, cores, rho, duration, inputs, fixed)
-                res.update({"deployment": rt.manifest.deployment, "rho": rho})
-                print(f"[bench] {rt.manifest.deployment} rho={rho} " + "; ".join(
-                    f"{r['model']} p{r['point']} k{r['cores']} {r['rate']:.1f}/s {r['duration_s']:.0f} s: measured "
-                    f"{r['measured_ms'] or float('nan'):.2f} ms, predicted {r['predicted_ms']:.2f} (model alone "
-                    f"{r['model_ms']:.2f}, from the profile "
-                    f"{r['predicted_from_profile_ms']:.2f}), simulated {r['simulated_ms']:.2f}; suffix served "
-                    f"{r['suffix_served_ms'] or 0:.2f} ms, profiled {r['suffix_profile_ms'] or 0:.2f}"
-                    for r in res["rows"]), flush=True)
-                out.append(res)
+        cases = [(points, cores, rho) for points, cores in configs(rt) for rho in (0.3, 0.6)]
+        rates = [pilot_rates(rt, points, cores, rho, inputs) for points, cores, rho in cases]
+        runs: list[list[dict]] = [[] for _ in cases]
+        for k in range(REPEATS):
+            fixed = dispatch_ms(rt, inputs)
+            print(f"[bench] {dep} repeat {k + 1}/{REPEATS}: runtime cost per request {fixed}", flush=True)
+            for (points, cores, rho), r, done in zip(cases, rates, runs):
+                done.append(measure(rt, points, cores, r, duration / REPEATS, inputs, fixed))
+                print(f"[bench] {dep} rho={rho} " + "; ".join(
+                    f"{x['model']} p{x['point']} k{x['cores']} {x['rate']:.1f}/s {x['duration_s']:.0f} s: measured "
+                    f"{x['measured_ms'] or float('nan'):.2f} ms, predicted {x['predicted_ms']:.2f} (model alone "
+                    f"{x['model_ms']:.2f}, from the profile {x['predicted_from_profile_ms']:.2f}); suffix served "
+                    f"{x['suffix_served_ms'] or 0:.2f} ms, profiled {x['suffix_profile_ms'] or 0:.2f}"
+                    for x in done[-1]["rows"]), flush=True)
+    out = []
+    for (points, cores, rho), done in zip(cases, runs):
+        rows = []
+        for i, row in enumerate(done[0]["rows"]):
+            reps = [d["rows"][i] for d in done]
+            merged = dict(row)
+            for key in MEDIANS:
+                vals = [x[key] for x in reps if x[key] is not None]
+                merged[key] = statistics.median(vals) if vals else None
+            merged["requests"] = sum(x["requests"] for x in reps)
+            merged["failed"] = sum(x["failed"] for x in reps)
+            merged["duration_s"] = sum(x["duration_s"] for x in reps)
+            merged["repeats"] = reps
+            rows.append(merged)
+        out.append({"deployment": dep, "rho": rho, "utilisation": done[0]["utilisation"], "rows": rows})
     return out
 
 
@@ -412,7 +439,7 @@ def main() -> int:
         dests = {d: work / f"device-{d}" for d in ("single", "multi")}
         for d, dest in dests.items():
             pull(open_store(store), dest, trusted, deployment=d)
-        duration = 8.0 if args.quick else 30.0
+        duration = 6.0 if args.quick else 30.0  # per configuration, over its repeats
         runs = validation(dests["single"], duration) + validation(dests["multi"], duration)
         single = [r for run in runs if run["deployment"] == "single" for r in run["rows"]]
         multi = [r for run in runs if run["deployment"] == "multi" for r in run["rows"]]

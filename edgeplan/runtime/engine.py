@@ -9,8 +9,8 @@ Accelerator modes:
   for the finite set of inputs a load test uses; an input not computed ahead is run on the CPU and counted)
   and holds the modelled service time — the profile's EMULATED Edge TPU time (s^TPU + d/B, plus T^Load when
   another model evicted the prefix's parameters from the on-chip cache) — so the CPU stays with the suffixes.
-  The hold runs on the emulated device's own FCFS clock: a prefix starts when its request arrived and the one
-  before it is done, whenever the worker thread gets to it;
+  The hold runs on the emulated device's own FCFS clock: a prefix starts when its request arrived or the one
+  before it is done, and its suffix pool starts the suffix at that time (no worker-thread wake-up between);
 - ``cpu``: correctness mode, the prefix runs on the CPU (int8, LiteRT) and takes what it takes;
 - ``edgetpu``: a real Edge TPU through the libedgetpu delegate (prefix_edgetpu.tflite).
 numpy, ai-edge-litert and the standard library only.
@@ -424,7 +424,10 @@ class Runtime:
         if req.point == 0:
             self.pools[model].submit(req, q)
         elif self.mode == "emulated":
-            self.accelerator.emulate(req)
+            try:
+                self.accelerator.emulate(req)
+            except Exception as e:  # noqa: BLE001 - a prefix run on the CPU failed: this request fails
+                self.fail(req, e)
         else:
             self.accelerator.q.put((req, None))
         return fut
