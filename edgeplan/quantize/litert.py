@@ -41,10 +41,7 @@ def dequantize(q: np.ndarray, detail: dict) -> np.ndarray:
 
 def run(it: Interpreter, x: np.ndarray) -> np.ndarray:
     """Invoke a single-input, single-output interpreter on one already-typed input."""
-    inp = it.get_input_details()[0]
-    it.set_tensor(inp["index"], x.astype(inp["dtype"]).reshape(inp["shape"]))
-    it.invoke()
-    return it.get_tensor(it.get_output_details()[0]["index"]).copy()
+    return Runner(it)(x)
 
 
 class Runner:

@@ -40,8 +40,8 @@ def segment_paths(rev_dir: Path, entry: ModelEntry, point: int) -> tuple[Path | 
 
 def quantize_input(x: np.ndarray, q: Quantization) -> np.ndarray:
     """A float request in the model's float layout -> the int8 model's input tensor, C-ordered (~0.6 ms for a
-    224x224x3 image here: the transposing read dominates). An input already in the int8 model's dtype and shape (a client that quantized it, e.g. a
-    camera pipeline producing the model's tensor) is taken as it is."""
+    224x224x3 image here: the transposing read dominates). An input already in the int8 model's dtype and
+    shape (a client that quantized it, e.g. a camera pipeline producing the model's tensor) is taken as it is."""
     x = np.asarray(x)
     if x.dtype == np.dtype(q.dtype) and tuple(x.shape) in (tuple(q.shape), tuple(q.shape[1:])):
         return np.ascontiguousarray(x.reshape(q.shape))
