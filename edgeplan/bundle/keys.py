@@ -113,6 +113,8 @@ def load_trusted(paths) -> dict[str, Ed25519PublicKey]:
 
 def verify(trusted: dict[str, Ed25519PublicKey], kid: str, payload: bytes, signature: str, what: str) -> None:
     """Raise BundleVerificationError unless ``signature`` over ``payload`` is by trusted key ``kid``."""
+    if not isinstance(kid, str) or not isinstance(signature, str):
+        raise BundleVerificationError(f"{what}: key_id and signature must be strings")
     key = trusted.get(kid)
     if key is None:
         raise BundleVerificationError(f"{what}: signed by key {kid!r}, which is not trusted here "

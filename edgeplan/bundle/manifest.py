@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from edgeplan.artifacts import _FIELD_TYPES, _Record
 from edgeplan.bundle import keys
+from edgeplan.bundle.validate import check_types
 from edgeplan.errors import BundleVerificationError
 
 MEDIA = {
@@ -61,11 +62,20 @@ class _Signed:
     def parse(cls, data: bytes, trusted, where: str):
         """Decode and verify a stored record against trusted public keys (by key id)."""
         try:
-            record = cls.from_json(json.loads(data), source=where)
-        except (ValueError, TypeError) as e:
-            raise BundleVerificationError(f"{where}: not a {cls.KIND} ({e})") from None
+            doc = json.loads(data)
+            if not isinstance(doc, dict):
+                raise ValueError(f"a JSON {type(doc).__name__}, not an object")
+            record = cls.from_json(doc, source=where)
+        except (ValueError, TypeError, AttributeError, RecursionError) as e:
+            raise BundleVerificationError(f"{where}: not a {cls.KIND} ({_short(e)})") from None
+        check_types(record, where)  # before the signature check reads key_id and signature
         keys.verify(trusted, record.key_id, record.payload(), record.signature, where)
         return record
+
+
+def _short(e: Exception) -> str:
+    text = str(e)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 @dataclass(frozen=True)

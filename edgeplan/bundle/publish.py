@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from edgeplan.bundle import keys
+from edgeplan.bundle import keys, validate
 from edgeplan.bundle.manifest import (
     Latest,
     Manifest,
@@ -26,6 +26,7 @@ from edgeplan.bundle.manifest import (
     sha256,
 )
 from edgeplan.errors import (
+    BundleVerificationError,
     PublishConflictError,
     SigningKeyError,
     StoreError,
@@ -76,20 +77,23 @@ def check_signing_key(key: keys.SigningKey, trusted: dict) -> None:
 
 
 def read_latest(store, deployment: str, trusted: dict) -> tuple[Latest, Manifest] | None:
-    """The verified latest revision of ``deployment`` and its manifest, None when never published."""
+    """The verified latest revision of ``deployment`` and its manifest (signatures checked, then every name,
+    size and type, see ``validate``), None when never published."""
+    validate.component(deployment, "deployment", "name")
     key = latest_key(deployment)
     try:
         data = retrying(f"read {key}", lambda: store.get(key))
     except StoreKeyNotFound:
         return None
     latest = Latest.parse(data, trusted, f"{store.uri}/{key}")
+    validate.latest(latest, f"{store.uri}/{key}", deployment)
     mkey = manifest_key(deployment, latest.revision)
     raw = retrying(f"read {mkey}", lambda: store.get(mkey))
     if sha256(raw) != latest.manifest_sha256:
-        from edgeplan.errors import BundleVerificationError
-
         raise BundleVerificationError(f"{store.uri}/{mkey}: sha256 differs from what {key} names")
-    return latest, Manifest.parse(raw, trusted, f"{store.uri}/{mkey}")
+    manifest = Manifest.parse(raw, trusted, f"{store.uri}/{mkey}")
+    validate.manifest(manifest, f"{store.uri}/{mkey}", deployment, latest.revision)
+    return latest, manifest
 
 
 def publish(store, bundle: Bundle, key: keys.SigningKey, trusted: dict | None = None, devices=(),

@@ -132,8 +132,8 @@ def _puller(args, server) -> None:
         try:
             res = pull(open_store(args.store), Path(args.dir), keys, device_id=args.device_id,
                        deployment=args.deployment)
-        except EdgeplanError as e:
-            print(f"pull failed ({e}); still serving revision {server.current.rt.manifest.revision}", file=sys.stderr,
+        except Exception as e:  # of any kind: the puller keeps going and the active revision keeps serving
+            print(f"pull failed ({type(e).__name__}: {e}); still serving revision {server.current.rt.manifest.revision}", file=sys.stderr,
                   flush=True)
             continue
         if res.activated:
@@ -226,8 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("pull", help="fetch, verify and activate the latest revision of this device's deployment",
                         description="Resolves the deployment (devices/<id>.json, or --deployment), reads its signed "
                         "latest pointer and manifest, checks them against the trusted keys, refuses a revision older "
-                        "than one already run, fetches missing blobs (resumable, sha256-checked), activates the new "
-                        "revision atomically, keeps the previous one and runs the self-tests (a failure rolls back).")
+                        "than one already run, validates every name, size and type it lists (a name that would leave the "
+                        "revision directory is refused before anything is written), fetches missing blobs (resumable, "
+                        "sha256-checked), runs the self-tests on the assembled revision and only then activates it "
+                        "atomically, keeping the previous one (any failure leaves the active revision as it was).")
     sp.add_argument("store", help="store root: a local path, file:///path or s3://bucket/prefix")
     sp.add_argument("--device-id", help="this device's id in the fleet registry")
     sp.add_argument("--deployment", help="pull this deployment (instead of, or checked against, --device-id)")
@@ -306,6 +308,12 @@ def main(argv=None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # a bug, not a user's mistake: one line (EDGEPLAN_DEBUG=1 shows the traceback)
+        if os.environ.get("EDGEPLAN_DEBUG"):
+            raise
+        print(f"error: edgeplan-runtime {args.cmd} failed unexpectedly ({type(e).__name__}: {e}); the active "
+              "revision is unchanged unless this says otherwise; EDGEPLAN_DEBUG=1 shows where", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

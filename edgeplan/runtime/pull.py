@@ -1,5 +1,6 @@
-"""Pulling a deployment revision onto a device: resolve, verify, fetch (resumable, delta), activate
-atomically, health-check, roll back.
+"""Pulling a deployment revision onto a device: resolve, verify (signatures, then every name, size and type:
+``bundle/validate``), fetch (resumable, delta), assemble in a staging directory, health-check there, then
+activate atomically. A revision that fails anything, of any kind, never becomes ``current``.
 
 Layout under DEST::
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeplan.bundle import keys
+from edgeplan.bundle import keys, validate
 from edgeplan.bundle.manifest import Manifest, blob_key, canonical
 from edgeplan.bundle.publish import read_latest, retrying
 from edgeplan.errors import BundleVerificationError, EdgeplanError, StoreKeyNotFound
@@ -35,7 +36,7 @@ class PullRefused(BundleVerificationError):
 
 
 class HealthCheckFailed(EdgeplanError):
-    """The activated revision's self-tests did not give their expected outputs (rolled back)."""
+    """A pulled revision's self-tests did not give their expected outputs, or could not run (not activated)."""
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,23 @@ class PullResult:
 
 def device_record(store, device_id: str, trusted: dict) -> dict:
     """``devices/<id>.json`` with its signature checked: {device_id, deployment, device_class, key_id}."""
+    validate.component(device_id, "--device-id", "device id")
     key = f"devices/{device_id}.json"
+    where = f"{store.uri}/{key}"
     try:
         doc = json.loads(retrying(f"read {key}", lambda: store.get(key)))
     except StoreKeyNotFound:
         raise EdgeplanError(f"{store.uri}: no {key}; is the device {device_id!r} in the fleet registry, and its "
                             "deployment published?") from None
+    except (ValueError, RecursionError) as e:
+        raise BundleVerificationError(f"{where}: not a device record ({e})") from None
+    if not isinstance(doc, dict):
+        raise BundleVerificationError(f"{where}: not a device record (a JSON {type(doc).__name__})")
     signature = doc.pop("signature", "")
-    keys.verify(trusted, doc.get("key_id", ""), canonical(doc), signature, f"{store.uri}/{key}")
+    keys.verify(trusted, doc.get("key_id", ""), canonical(doc), signature, where)
+    validate.device(doc, where)
+    if doc["device_id"] != device_id:
+        raise BundleVerificationError(f"{where}: is the record of device {doc['device_id']!r}; refused")
     return doc
 
 
@@ -166,37 +176,52 @@ def pull(store, dest: Path, trusted: dict, *, device_id: str | None = None, depl
         fetched += 1 if n or not held else 0  # a held blob whose bytes went bad is fetched again
         moved += n
     rev_dir = dest / "revisions" / deployment / str(manifest.revision)
-    staging = rev_dir.with_name(f".{manifest.revision}.staging")
-    if staging.exists():
-        shutil.rmtree(staging)
-    for ref in manifest.blobs:
-        target = staging / ref.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.link(dest / blob_key(ref.sha256), target)
-    (staging / "manifest.json").write_text(json.dumps(manifest.to_json(), indent=2))
-    (staging / "latest").write_bytes(latest.encoded())
-    if rev_dir.exists():
-        shutil.rmtree(rev_dir)
+    staging = _assemble(dest, rev_dir, latest, manifest)
+    if health_check:
+        try:
+            check(staging, manifest)
+        except Exception as e:  # of any type: nothing unchecked becomes current
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(e, HealthCheckFailed):
+                raise
+            raise HealthCheckFailed(f"{deployment} revision {manifest.revision}: the health check failed "
+                                    f"({type(e).__name__}: {e}); not activated") from None
+    if rev_dir.exists():  # the same revision pulled before (e.g. the rollback target): replaced whole
+        old = rev_dir.with_name(f".{manifest.revision}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        rev_dir.rename(old)
+        shutil.rmtree(old, ignore_errors=True)
     staging.rename(rev_dir)
     previous = current[0] if current is not None else None
     if previous is not None:
         _link(dest, "previous", previous)
     _link(dest, "current", rev_dir)
-    if health_check:
-        try:
-            check(rev_dir, manifest)
-        except HealthCheckFailed:
-            if previous is not None:
-                _link(dest, "current", previous)
-            else:
-                (dest / "current").unlink()
-            raise
     state["highest"][deployment] = max(highest, manifest.revision)
     state.setdefault("history", []).append({"deployment": deployment, "revision": manifest.revision,
                                             "activated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     _write_state(dest, state)
     return PullResult(deployment, manifest.revision, current[1].revision if current else None, True,
                       len(manifest.blobs), fetched, moved, rev_dir)
+
+
+def _assemble(dest: Path, rev_dir: Path, latest, manifest: Manifest) -> Path:
+    """The revision's files as hard links to the blobs held, in a staging directory beside ``rev_dir``
+    (names were validated with the manifest: each stays inside it)."""
+    staging = rev_dir.with_name(f".{manifest.revision}.staging")
+    if staging.exists():
+        shutil.rmtree(staging)
+    try:
+        for ref in manifest.blobs:
+            target = staging / ref.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(dest / blob_key(ref.sha256), target)
+        (staging / "manifest.json").write_text(json.dumps(manifest.to_json(), indent=2))
+        (staging / "latest").write_bytes(latest.encoded())
+    except OSError as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise EdgeplanError(f"{staging}: cannot assemble revision {manifest.revision} ({e}); the active revision "
+                            "stays") from None
+    return staging
 
 
 def rollback(dest: Path) -> tuple[Manifest, Manifest]:
@@ -218,6 +243,7 @@ def check(rev_dir: Path, manifest: Manifest) -> None:
     from edgeplan.quantize import litert
     from edgeplan.runtime.model import load_plan, quantize_input, segment_paths
 
+    where = f"{manifest.deployment} revision {manifest.revision}"
     plan = load_plan(rev_dir, manifest)
     for entry in manifest.models:
         planned = {m.name: m.point for m in plan.models}.get(entry.name, 0)
@@ -232,9 +258,9 @@ def check(rev_dir: Path, manifest: Manifest) -> None:
                     for it in chain:
                         y = litert.run(it, y)
                 except (ValueError, RuntimeError) as e:
-                    raise HealthCheckFailed(f"{rev_dir}: {entry.name} at point {point} does not run: {e}") from None
+                    raise HealthCheckFailed(f"{where}: {entry.name} at point {point} does not run: {e}") from None
                 if y.shape != want.shape or not np.array_equal(y, want):
                     diff = int(np.sum(y != want)) if y.shape == want.shape else "shape"
-                    raise HealthCheckFailed(f"{rev_dir}: {entry.name} at point {point}: self-test {t.input} gives "
+                    raise HealthCheckFailed(f"{where}: {entry.name} at point {point}: self-test {t.input} gives "
                                             f"another output than the bundle expects ({diff} elements differ); "
-                                            "rolled back")
+                                            "not activated")

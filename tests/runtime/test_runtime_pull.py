@@ -129,7 +129,7 @@ def test_failing_health_check_rolls_back(published, tmp_path):
     assert published.publish(dataclasses.replace(bundle, blobs=blobs, refs=refs)).revision == 2
     with pytest.raises(HealthCheckFailed, match="self-test"):
         _pull(published, dest)
-    assert active(dest)[1].revision == 1  # rolled back by itself
+    assert active(dest)[1].revision == 1  # never activated
 
 
 def test_cli_pull_status_rollback_and_unreachable_store(published, tmp_path):
