@@ -24,14 +24,14 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
 
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from edgeplan.errors import EdgeplanError
 
-console = Console(stderr=False, width=max(120, Console().width))
-err = Console(stderr=True)
+from edgeplan.console import err  # noqa: E402
+from edgeplan.console import out as console  # noqa: E402
+from edgeplan.console import table  # noqa: E402
 
 
 def _shape(text: str | None):
@@ -350,13 +350,14 @@ def cmd_plan_swapless(args, params) -> int:
     from edgeplan.pipeline.planning import plan_swapless
 
     plan, path = plan_swapless(Path(args.out), args.deployment, params, args.variant)
-    label = " (Edge TPU times EMULATED)" if plan.tpu_source == "emulated" else ""
-    t = Table(title=f"SwapLess plan for {plan.deployment} on {plan.device_class}{label}")
-    for col in ("model", "version", "rate /s", "point", "of P", "cores", "predicted latency ms"):
-        t.add_column(col, justify="left" if col in ("model", "version") else "right")
+    from edgeplan.plan.swapless.plan import figure_sources
+
+    t = table(f"SwapLess plan for {plan.deployment} on {plan.device_class}",
+              ("model", "version", "rate /s", "point", "of P", "cores", "predicted latency ms", "from"),
+              right=("rate /s", "point", "of P", "cores", "predicted latency ms"))
     for m in plan.models:
         t.add_row(m.name, m.version, f"{m.rate:g}", str(m.point), str(m.last_point), str(m.cores),
-                  f"{m.predicted_latency_ms:.2f}")
+                  f"{m.predicted_latency_ms:.2f}", figure_sources(m.point, m.last_point, plan.tpu_source))
     console.print(t)
     console.print(f"mean latency {plan.mean_latency_ms:.2f} ms ({plan.variant} model); baselines: " + ", ".join(
         f"{k} {v['mean_latency_ms']:.2f} ms" if v["mean_latency_ms"] is not None else f"{k} unstable"

@@ -5,12 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
+from edgeplan.console import out, table
 from edgeplan.errors import SigningKeyError
-
-out = Console()
 
 
 def ensure_key(params: dict, key: str | None) -> str | None:
@@ -37,8 +33,19 @@ def ensure_key(params: dict, key: str | None) -> str | None:
     return str(key_path)
 
 
+PREFECT_SERVERS = ("local", "ephemeral")
+
+
+def prefect_home(args) -> Path:
+    return Path(args.out).resolve().parent / ".edgeplan" / "prefect"
+
+
 def cmd_run(args, params) -> int:
+    import contextlib
     import os
+
+    from edgeplan.errors import EdgeplanError
+    from edgeplan.pipeline import local_server
 
     started = time.time()
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING" if not args.verbose else "INFO")
@@ -48,27 +55,46 @@ def cmd_run(args, params) -> int:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     if args.model is not None and (args.name is None or args.version is None):
         raise SystemExit("edgeplan run MODEL needs --name and --version (without MODEL it builds params.yaml's models)")
+    server = "external" if os.environ.get("PREFECT_API_URL") else (
+        os.environ.get("EDGEPLAN_PREFECT_SERVER") or params["orchestration"]["prefect_server"])
+    if server not in (*PREFECT_SERVERS, "external"):
+        raise EdgeplanError(f"orchestration.prefect_server (or EDGEPLAN_PREFECT_SERVER) is {server!r}; use "
+                            f"{' or '.join(PREFECT_SERVERS)}, or set PREFECT_API_URL to a server of yours")
     key = ensure_key(params, args.key)
-    from flows.compile_model import compile_model, compile_models
+    with contextlib.ExitStack() as stack:
+        if server == "local":
+            home = prefect_home(args)
+            stack.enter_context(local_server.lease(home))  # before ensure: the server cannot stop under the run
+            os.environ["PREFECT_API_URL"] = local_server.ensure(
+                home, params["orchestration"]["prefect_server_idle_s"],
+                progress=lambda msg: out.print(f"[yellow]note:[/] {msg}"))
+        from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    t0 = time.perf_counter()
-    common = dict(root=args.out, params_file=args.params, store=args.store, key=key, refresh=args.refresh)
-    if args.model is not None:
-        flow, kwargs = compile_model, dict(source=args.model, name=args.name, version=args.version,
-                                           input_shape=args.input_shape, **common)
-    else:
-        flow, kwargs = compile_models, common
-    if args.dask:
-        from prefect_dask import DaskTaskRunner
+        from flows.compile_model import compile_model, compile_models
 
-        flow = flow.with_options(task_runner=DaskTaskRunner(address=args.dask))
-    summary = flow(**kwargs)
+        if server != "external":  # heartbeats feed services neither of our servers runs; their thread's join
+            # at the end of a flow cost ~1 s
+            stack.enter_context(temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))
+        t0 = time.perf_counter()
+        common = dict(root=args.out, params_file=args.params, store=args.store, key=key, refresh=args.refresh)
+        if args.model is not None:
+            flow, kwargs = compile_model, dict(source=args.model, name=args.name, version=args.version,
+                                               input_shape=args.input_shape, **common)
+        else:
+            flow, kwargs = compile_models, common
+        if args.dask:
+            from prefect_dask import DaskTaskRunner
+
+            flow = flow.with_options(task_runner=DaskTaskRunner(address=args.dask))
+        summary = flow(**kwargs)
     summary["wall_seconds"] = time.perf_counter() - t0
     summary["before_flow_seconds"] = summary["flow_started"] - started  # imports + Prefect server start-up
+    summary["prefect_server"] = server
     print_summary(summary, summary["flow_seconds"])
     if args.device_check_s > 0:
         summary["device_check"] = device_check(summary, params, args.store, Path(args.out).parent / ".edgeplan" /
                                                "device", args.device_check_s)
+    summary["command_seconds"] = time.time() - started
     if args.summary_json:
         import json
 
@@ -76,13 +102,41 @@ def cmd_run(args, params) -> int:
     return 0
 
 
+def cmd_server(args, params) -> int:
+    """``edgeplan server status|stop``: the local Prefect server ``edgeplan run`` reuses."""
+    from edgeplan.pipeline import local_server
+
+    home = prefect_home(args)
+    rec = local_server.info(home)
+    if args.action == "status":
+        if rec is None:
+            out.print(f"no local Prefect server runs in {home} (the next `edgeplan run` starts one)")
+            return 1
+        out.print(f"local Prefect server {rec['url']} (supervisor pid {rec['pid']}, up "
+                  f"{(time.time() - rec['started']) / 60:.1f} min, stops after {rec['idle_s'] / 60:g} min idle); "
+                  f"database and log in {home}")
+        return 0
+    if not local_server.stop(home):
+        out.print(f"no local Prefect server runs in {home}")
+        return 0
+    out.print(f"stopped the local Prefect server of {home}" if local_server.info(home) is None else
+              f"asked the local Prefect server of {home} to stop; it stops when the running `edgeplan run` ends")
+    return 0
+
+
+AGREE = 0.20  # the device check flags a model whose runtime latency is further than this from the plan's
+
+
 def device_check(summary: dict, params: dict, store_uri: str | None, base: Path, seconds: float) -> list[dict]:
-    """What a device does with each published deployment: `edgeplan-runtime pull` (verify, fetch, activate,
-    self-tests), `serve` on a free loopback port, a few seconds of Poisson requests at the planned rates over
-    HTTP; predicted against measured mean latency (the Edge TPU EMULATED, the CPU suffixes real)."""
+    """What a device does with each published deployment: `edgeplan-runtime pull` (verify, fetch, self-tests,
+    activate), `serve` on a free loopback port, a few seconds of Poisson requests at the planned rates over
+    HTTP. Per model: the plan's predicted mean latency; the runtime's own (from a request's arrival in the
+    runtime to its result: what the plan predicts); and the HTTP client's (adds HTTP, .npy encoding and the
+    float -> int8 quantization of the input in the server)."""
     import threading
 
     from edgeplan.cli_store import trusted_keys
+    from edgeplan.plan.swapless.plan import figure_sources
     from edgeplan.runtime import Runtime, loadgen, pull
     from edgeplan.runtime.model import load_inputs
     from edgeplan.runtime.server import serve
@@ -104,43 +158,73 @@ def device_check(summary: dict, params: dict, store_uri: str | None, base: Path,
             url = f"http://127.0.0.1:{server.server_address[1]}"
             rates = {m.name: m.rate for m in rt.plan.models}
             stats = loadgen.summary(loadgen.run(url, rates, seconds, inputs, seed=1))
+            served = rt.status()["models"]
         finally:
             server.shutdown()
             rt.stop()
         for m in rt.plan.models:
+            runtime_ms = served[m.name]["mean_latency_ms"]
             rows.append({"deployment": dep, "revision": res.revision, "model": m.name, "rate": m.rate,
                          "point": m.point, "cores": m.cores, "predicted_ms": m.predicted_latency_ms,
-                         "measured_ms": stats.get(m.name, {}).get("mean_ms"),
+                         "runtime_ms": runtime_ms, "measured_ms": stats.get(m.name, {}).get("mean_ms"),
                          "requests": stats.get(m.name, {}).get("requests", 0),
-                         "failed": stats.get(m.name, {}).get("failed", 0)})
-    t = Table(title=f"device check: edgeplan-runtime pull + serve ({base}), {seconds:.0f} s of Poisson requests "
-                    "over HTTP at the planned rates — Edge TPU EMULATED, CPU suffixes real")
-    for col in ("deployment", "rev", "model", "rate/s", "point", "cores", "predicted ms", "measured ms", "requests"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(r["deployment"], str(r["revision"]), r["model"], f"{r['rate']:g}", str(r["point"]), str(r["cores"]),
-                  f"{r['predicted_ms']:.2f}", "-" if r["measured_ms"] is None else f"{r['measured_ms']:.2f}",
-                  f"{r['requests']} ({r['failed']} failed)")
-    out.print(t)
+                         "failed": stats.get(m.name, {}).get("failed", 0),
+                         "figures": figure_sources(m.point, m.last_point, rt.plan.tpu_source),
+                         "agrees": runtime_ms is not None and abs(runtime_ms / m.predicted_latency_ms - 1) <= AGREE})
+    print_device_check(rows, base, seconds)
     return rows
 
 
+def print_device_check(rows: list[dict], base: Path, seconds: float) -> None:
+    def ms(v):
+        return "-" if v is None else f"{v:.2f}"
+
+    t = table(f"device check: edgeplan-runtime pull + serve ({base}), {seconds:g} s of Poisson requests over "
+              "HTTP at the planned rates",
+              ("deployment", "rev", "model", "rate/s", "point", "cores", "predicted ms", "runtime ms", "client ms",
+               "requests", "from"),
+              right=("rev", "rate/s", "point", "cores", "predicted ms", "runtime ms", "client ms", "requests"))
+    for r in rows:
+        flag = "" if r["agrees"] else " [yellow]![/]"
+        t.add_row(r["deployment"], str(r["revision"]), r["model"], f"{r['rate']:g}", str(r["point"]), str(r["cores"]),
+                  ms(r["predicted_ms"]), ms(r["runtime_ms"]) + flag, ms(r["measured_ms"]),
+                  f"{r['requests']}" + (f" ({r['failed']} failed)" if r["failed"] else ""), r["figures"])
+    out.print(t)
+    out.print("runtime ms: the runtime's own latency, from a request's arrival in it to its result (what the plan "
+              "predicts); client ms adds the HTTP round trip, .npy encoding and the float -> int8 quantization of "
+              f"the input in the server ({_gap(rows)}).")
+    for r in rows:
+        if not r["agrees"] and r["runtime_ms"] is not None:
+            out.print(f"[yellow]![/] {r['deployment']}/{r['model']}: runtime {r['runtime_ms']:.2f} ms is "
+                      f"{r['runtime_ms'] / r['predicted_ms'] - 1:+.0%} off the plan's {r['predicted_ms']:.2f} ms "
+                      f"(beyond ±{AGREE:.0%}). Known causes here: the profile times suffixes back to back, while at "
+                      f"{r['rate']:g} requests/s the CPU idles between requests (on this kind of VM a suffix after "
+                      f"an idle gap ran up to 2x slower); and {r['requests']} requests make a short sample. "
+                      "`edgeplan-runtime loadgen` for longer runs.")
+
+
+def _gap(rows: list[dict]) -> str:
+    gaps = [r["measured_ms"] - r["runtime_ms"] for r in rows if r["measured_ms"] is not None and r["runtime_ms"]]
+    if not gaps:
+        return "no requests completed"
+    return (f"here {min(gaps):.2f}..{max(gaps):.2f} ms per request" if len(gaps) > 1 else
+            f"here {gaps[0]:.2f} ms per request")
+
+
 def print_summary(summary: dict, seconds: float) -> None:
-    t = Table(title=f"compile-model {summary['model']} {summary['version']}: {summary['cache_hits']} of "
-                    f"{len(summary['tasks'])} task runs from the cache, flow {seconds:.1f} s "
-                    f"(+{summary['before_flow_seconds']:.1f} s start-up)")
-    for col in ("task", "state", "seconds", "on"):
-        t.add_column(col)
+    t = table(f"compile-model {summary['model']} {summary['version']}: {summary['cache_hits']} of "
+              f"{len(summary['tasks'])} task runs from the cache, flow {seconds:.1f} s "
+              f"(+{summary['before_flow_seconds']:.1f} s start-up)", ("task", "state", "seconds", "on"),
+              right=("seconds",))
     for r in summary["tasks"]:
         t.add_row(r["task"], "[green]cached[/]" if r["cached"] else r["state"], f"{r['seconds']:.2f}", r["args"])
     out.print(t)
     if summary["plans"]:
-        p = Table(title="SwapLess plans (Edge TPU times EMULATED where marked)")
-        for col in ("deployment", "model", "point", "cores", "predicted ms"):
-            p.add_column(col)
+        p = table("SwapLess plans", ("deployment", "model", "point", "cores", "predicted ms", "from"),
+                  right=("point", "cores", "predicted ms"))
         for r in summary["plans"]:
             p.add_row(r["deployment"], f"{r['model']}:{r['version']}", f"{r['point']}/{r['of']}", str(r["cores"]),
-                      f"{r['predicted_ms']:.2f}" + (" (EMULATED TPU)" if r["tpu"] == "emulated" else ""))
+                      f"{r['predicted_ms']:.2f}", r["figures"])
         out.print(p)
     for r in summary["published"]:
         if r["new_revision"]:
@@ -241,9 +325,9 @@ def register(sub) -> None:
                         description="Runs the compile-model flow: ingest, analyze, int8, cut, compile, verify, profile; "
                         "then for every deployment serving the model (a one-model deployment on coral-usb-emulated "
                         "when none does): plan, bundle, sign and publish a new revision. Cached by content: an "
-                        "unchanged model re-runs nothing. With nothing configured it uses Prefect's ephemeral "
-                        "server (set PREFECT_API_URL for a real one), the local store of params.yaml publish.store "
-                        "and a development signing key.")
+                        "unchanged model re-runs nothing. With nothing configured it uses a local Prefect server it "
+                        "starts once and reuses (`edgeplan server --help`; PREFECT_API_URL names a server of yours), "
+                        "the local store of params.yaml publish.store and a development signing key.")
     sp.add_argument("model", nargs="?", help="a .onnx/.keras file, a SavedModel directory, or zoo:NAME; without it, "
                     "every model params.yaml lists under `models` (compile-models flow, stages fanned out)")
     sp.add_argument("--name", help="the model's name (required with MODEL)")
@@ -260,6 +344,18 @@ def register(sub) -> None:
     sp.add_argument("--summary-json", metavar="FILE", help="also write the run's summary (task runs, cache hits, "
                     "plans, revisions, timings) as JSON")
     sp.set_defaults(func=cmd_run)
+    sp = sub.add_parser("server", help="the local Prefect server `edgeplan run` starts once and reuses",
+                        description="With orchestration.prefect_server: local (the default) and no PREFECT_API_URL, "
+                        "`edgeplan run` starts a Prefect server on loopback (API only, no services or UI; its "
+                        "database in .edgeplan/prefect/ beside the artifact root), reuses it in later runs (a cached "
+                        "rerun then spends no time starting one), and the server stops itself after "
+                        "orchestration.prefect_server_idle_s without a run. `status` shows it, `stop` stops it (after "
+                        "any running `edgeplan run`). orchestration.prefect_server: ephemeral (or "
+                        "EDGEPLAN_PREFECT_SERVER=ephemeral) uses Prefect's ephemeral server, started per command.")
+    sp.add_argument("action", choices=("status", "stop"))
+    sp.add_argument("--out", default="artifacts", help="the artifact root of the runs (default: artifacts); the server "
+                    "lives in .edgeplan/prefect beside it")
+    sp.set_defaults(func=cmd_server)
     sp = sub.add_parser("submit", help="upload a model version to the store and emit edgeplan.model.submitted",
                         description="Canonicalises MODEL to ONNX, uploads it to models/NAME/VERSION/model.onnx in "
                         "the store (the same model again is a no-op; another under the same version is refused) "

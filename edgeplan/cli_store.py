@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -14,9 +13,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from edgeplan.console import out
 from edgeplan.errors import SigningKeyError
-
-out = Console()
 
 
 def trusted_dirs(params: dict) -> list[Path]:

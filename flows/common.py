@@ -142,12 +142,15 @@ def plan_differs(old, new) -> bool:
 
 def report(ledger: Ledger, name: str, version: str, model_dir: str, plans: dict, published: dict) -> dict:
     """The run's summary as Prefect artifacts (a table of task runs, a markdown page) and as a dict."""
+    from edgeplan.plan.swapless.plan import figure_sources
+
     plan_rows = []
     for dep, p in plans.items():
         for m in p.models:
             plan_rows.append({"deployment": dep, "model": m.name, "version": m.version, "point": m.point,
                               "of": m.last_point, "cores": m.cores,
-                              "predicted_ms": round(m.predicted_latency_ms, 3), "tpu": p.tpu_source})
+                              "predicted_ms": round(m.predicted_latency_ms, 3), "tpu": p.tpu_source,
+                              "figures": figure_sources(m.point, m.last_point, p.tpu_source)})
     publish_runs = [r for r in ledger.rows if r["task"] == "publish"][-len(published):] if published else []
     pub_rows = [{"deployment": dep, "revision": r.revision, "new_revision": r.new_revision and not run["cached"],
                  "from_cache": run["cached"], "blobs": r.blobs, "uploaded_blobs": 0 if run["cached"] else r.uploaded_blobs,
@@ -160,9 +163,9 @@ def report(ledger: Ledger, name: str, version: str, model_dir: str, plans: dict,
                           f"({ledger.hits} from the cache)")
     lines = [f"# compile-model: {name} {version}", "", f"artifacts: `{model_dir}`; {ledger.hits} of "
              f"{len(ledger.rows)} task runs from the cache; ran: {', '.join(ledger.ran()) or 'nothing'}", "",
-             "| deployment | model | point | cores | predicted ms |", "|---|---|---|---|---|"]
+             "| deployment | model | point | cores | predicted ms | from |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['deployment']} | {r['model']}:{r['version']} | {r['point']}/{r['of']} | {r['cores']} | "
-              f"{r['predicted_ms']} ({'EMULATED TPU' if r['tpu'] == 'emulated' else r['tpu']}) |" for r in plan_rows]
+              f"{r['predicted_ms']} | {r['figures']} |" for r in plan_rows]
     lines += ["", "| deployment | revision | new | blobs | uploaded bytes | devices |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['deployment']} | {r['revision']} | {r['new_revision']} | {r['blobs']} | {r['uploaded_bytes']:,} | "
               f"{r['devices']} |" for r in pub_rows]

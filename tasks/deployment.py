@@ -28,7 +28,7 @@ def _plan_params(p: dict):
 
 
 @task(name="plan", cache_key_fn=content_key(_plan_inputs, _plan_params, PLAN_CODE, scalars=("root", "name")),
-      persist_result=True, timeout_seconds=600)
+      persist_result=True)
 def plan(root: str, name: str, params: dict):
     """deployments/<name>/plans/swapless.json (the deployment's models must name explicit versions)."""
     from edgeplan.pipeline.planning import plan_swapless
@@ -54,7 +54,7 @@ def _store_failure(task, task_run, state) -> bool:
 
 @task(name="publish", cache_key_fn=content_key(_publish_inputs, ["publish", "quantize.calibration", "fleet.devices"],
                                                PUBLISH_CODE, scalars=("root", "name", "store", "key")),
-      persist_result=True, timeout_seconds=1800, retries=3, retry_delay_seconds=[2, 8, 30],
+      persist_result=True, retries=3, retry_delay_seconds=[2, 8, 30],
       retry_condition_fn=_store_failure)
 def publish(root: str, name: str, params: dict, store: str | None = None, key: str | None = None):
     """Build the bundle and publish it as the next signed revision (none when the content is unchanged).

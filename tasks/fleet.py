@@ -36,7 +36,7 @@ def write_job(store_uri: str, device_class: str, models: list[dict], params: dic
     return job
 
 
-@task(name="profile-job", cache_policy=NO_CACHE, timeout_seconds=7200, retries=1, retry_delay_seconds=10)
+@task(name="profile-job", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=10)
 def profile_job(job: dict, store_uri: str, root: str, params: dict) -> dict:
     """Run a profiling job with the library profiler (what the device runtime's `profile` command will do on
     a device), upload each new profile to ``jobs/<id>/result/<device-id>.json``, and report drift against

@@ -1,4 +1,9 @@
-"""The model stages as tasks: ingest, build (int8 conversion, cuts, Edge TPU compile), verify, profile."""
+"""The model stages as tasks: ingest, build (int8 conversion, cuts, Edge TPU compile), verify, profile.
+
+No task sets ``timeout_seconds``: the tasks run in worker threads (the thread pool, or Dask's), where Prefect
+cannot interrupt them (it warns about that once per task run). The long work is bounded where it can be
+stopped, in the child processes that do it: onnx2tf (``quantize.timeout_s``), each profiled segment
+(``profile.timeout_s``), and the store's retries (bounded attempts with backoff)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,7 +30,7 @@ def _source_files(parameters: dict):
 
 @task(name="ingest", cache_key_fn=content_key(_source_files, ["models"], MODEL_CODE,
                                               scalars=("source", "name", "version", "root", "input_shape")),
-      persist_result=True, timeout_seconds=900)
+      persist_result=True)
 def ingest(source: str, name: str, version: str, root: str, input_shape=None, params: dict | None = None) -> str:
     """model.onnx + model.json (a different model under an existing name and version is refused)."""
     from edgeplan.pipeline import stages
@@ -35,7 +40,7 @@ def ingest(source: str, name: str, version: str, root: str, input_shape=None, pa
 
 @task(name="build", cache_key_fn=content_key(lambda p: [Path(p["model_dir"]) / "model.onnx"],
                                              ["analysis", "quantize", "compile"], BUILD_CODE, scalars=("model_dir",)),
-      persist_result=True, timeout_seconds=3600, tags=["conversion"])
+      persist_result=True, tags=["conversion"])
 def build(model_dir: str, params: dict):
     """The one int8 conversion, the matched points, segments and Edge TPU compile at every point."""
     from edgeplan.pipeline import stages
@@ -56,7 +61,7 @@ def _verify_inputs(p: dict):
 
 @task(name="verify", cache_key_fn=content_key(_verify_inputs, ["verify", "quantize.calibration"],
                                               (*BUILD_CODE, "verify"), scalars=("model_dir",)),
-      persist_result=True, timeout_seconds=1800)
+      persist_result=True)
 def verify(model_dir: str, params: dict):
     """Every check at every point; raises VerifyFailed (after writing verify.json) when any fails."""
     from edgeplan.pipeline import stages
@@ -78,7 +83,7 @@ def _profile_inputs(p: dict):
 @task(name="profile", cache_key_fn=content_key(_profile_inputs, lambda p: ["profile", f"fleet.device_classes.{p['device_class']}"],
                                                ("profile", "artifacts.py", "compile/emulated.py"),
                                                scalars=("model_dir", "device_class")),
-      persist_result=True, timeout_seconds=3600)
+      persist_result=True)
 def profile(model_dir: str, device_class: str, params: dict) -> str:
     """profiles/<device class>.json: CPU timed here (or predicted), the Edge TPU emulated when it is. One
     profile at a time per machine (a profile timed beside another is not a measurement of the device)."""
@@ -92,7 +97,7 @@ def profile(model_dir: str, device_class: str, params: dict) -> str:
 
 @task(name="version", cache_key_fn=content_key(lambda p: [Path(p["model_dir"])], ["models"],
                                                ("pipeline/versioning.py",), scalars=("model_dir",)),
-      persist_result=True, timeout_seconds=1800)
+      persist_result=True)
 def version(model_dir: str, params: dict) -> dict:
     """The model version's artifacts recorded in DVC and pushed to the DVC remote."""
     from edgeplan.pipeline.versioning import version_artifacts

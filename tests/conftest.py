@@ -10,6 +10,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
 # a fresh Prefect home's ephemeral server migrates its database first: slow on a busy 2-core machine
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+# `edgeplan run` in tests uses Prefect's ephemeral server unless a test asks for the local one (which outlives
+# the command: tests/flows/test_compile_model.py starts, reuses and stops it)
+os.environ.setdefault("EDGEPLAN_PREFECT_SERVER", "ephemeral")
 
 from edgeplan.pipeline import params as params_mod  # noqa: E402
 from edgeplan.pipeline import stages  # noqa: E402

@@ -31,7 +31,8 @@ DEFAULTS: dict = {
         "drift_threshold": 0.10,
     },
     "plan": {"variant": "refined", "rate_factors": [0.5, 1.0, 2.0], "preload_ram_share": 0.5},
-    "orchestration": {"conversion_slots": 1, "reprofile_cron": "0 3 * * *"},
+    "orchestration": {"conversion_slots": 1, "reprofile_cron": "0 3 * * *", "prefect_server": "local",
+                      "prefect_server_idle_s": 1800},
     "publish": {"store": ".edgeplan/store", "trusted_keys": [".edgeplan/keys"]},
     "deployments": [
         {"name": "mobilenetv2-solo", "device_class": "coral-usb-emulated",

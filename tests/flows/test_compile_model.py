@@ -1,6 +1,8 @@
-"""`edgeplan run` end to end on Prefect's ephemeral server (a real server process, started by Prefect), a
-local store and a generated key: cold run, warm run from the cache, a planner parameter change, a conflicting
-model, a wrong key, and a run killed mid-build that a rerun resumes."""
+"""`edgeplan run` end to end on its local Prefect server (a real `prefect server start`, started by the first
+run and reused by the others, stopped at the end), a local store and a generated key: cold run, warm run from
+the cache, a planner parameter change, a conflicting model, a wrong key, and a run killed mid-build that a
+rerun resumes; the run's report (no unactionable warnings, headers not cut in a log, EMULATED only where an
+emulated figure enters, the runtime's latency beside the client's)."""
 from __future__ import annotations
 
 import json
@@ -17,9 +19,15 @@ import yaml
 FAST_PROFILE = {"repeats": 10, "span_s": 0.5, "budget_s": 1.0}
 
 
-def edgeplan(cwd: Path, *args, timeout=900):
-    env = {**os.environ, "PREFECT_HOME": str(cwd / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+def run_env(cwd: Path) -> dict:
+    env = {**os.environ, "PREFECT_HOME": str(cwd / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "EDGEPLAN_PREFECT_SERVER": "local"}
     env.pop("PREFECT_API_URL", None)
+    return env
+
+
+def edgeplan(cwd: Path, *args, timeout=900):
+    env = run_env(cwd)
     return subprocess.run([sys.executable, "-m", "edgeplan.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -43,7 +51,17 @@ def ran_tasks(out: str) -> dict:
 def workdir(tmp_path_factory):
     d = tmp_path_factory.mktemp("run")
     (d / "params.yaml").write_text(yaml.safe_dump({"profile": FAST_PROFILE}))
-    return d
+    yield d
+    record = d / ".edgeplan" / "prefect" / "server.json"
+    pid = json.loads(record.read_text())["pid"] if record.exists() else None
+    stopped = edgeplan(d, "server", "stop")
+    assert stopped.returncode == 0, stopped.stderr
+    home = str(d / ".edgeplan" / "prefect")
+    deadline = time.time() + 30
+    while home in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout and time.time() < deadline:
+        time.sleep(0.5)
+    assert home not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert pid is None or not record.exists()  # the supervisor and its server are gone, and so is the record
 
 
 def test_cold_then_warm_then_plan_change(workdir):
@@ -54,6 +72,19 @@ def test_cold_then_warm_then_plan_change(workdir):
     store = workdir / ".edgeplan" / "store"
     latest = json.loads((store / "deployments" / "tiny-solo" / "latest").read_text())
     assert latest["revision"] == 1
+    # the report: a local server was started for this run; no warning a user cannot act on; headers whole in a
+    # log; EMULATED only on a plan whose point puts a prefix on the (emulated) Edge TPU
+    assert "starting a local Prefect server" in flat(cold.stdout)
+    assert "Timeout of" not in cold.stderr and "Timeout of" not in cold.stdout
+    assert "…" not in cold.stdout, cold.stdout
+    assert "runtime ms" in cold.stdout and "client ms" in cold.stdout
+    plan_rows = [[c.strip() for c in line.strip("│ ").split("│")] for line in cold.stdout.splitlines()
+                 if line.startswith("│ tiny-solo") and "tiny:1" in line]
+    assert plan_rows, cold.stdout
+    for row in plan_rows:
+        point = int(row[2].split("/")[0])
+        assert ("EMULATED" in row[-1]) == (point > 0) and ("CPU" in row[-1]) == (row[2].split("/")[0] != row[2].split("/")[1])
+    server = json.loads((workdir / ".edgeplan" / "prefect" / "server.json").read_text())
     # the model version is versioned with DVC (no repository here: one without git) and pushed to the
     # local DVC remote
     assert (workdir / "artifacts" / "tiny" / "1.dvc").is_file()
@@ -62,6 +93,10 @@ def test_cold_then_warm_then_plan_change(workdir):
     warm = edgeplan(workdir, "run", "zoo:tiny_cnn", "--name", "tiny", "--version", "1")
     assert warm.returncode == 0, warm.stderr[-3000:]
     assert set(ran_tasks(warm.stdout).values()) == {"cached"}, warm.stdout
+    assert "starting a local Prefect server" not in flat(warm.stdout)  # the same server, reused
+    assert json.loads((workdir / ".edgeplan" / "prefect" / "server.json").read_text()) == server
+    status = edgeplan(workdir, "server", "status")
+    assert status.returncode == 0 and server["url"] in flat(status.stdout)
     # one planner parameter changed: only plan and publish run, and publish makes revision 2
     (workdir / "params.yaml").write_text(yaml.safe_dump({"profile": FAST_PROFILE,
                                                          "plan": {"rate_factors": [0.5, 1.0, 2.0, 4.0]}}))
@@ -87,7 +122,7 @@ def test_conflicting_model_and_wrong_key_are_refused(workdir):
 
 
 def test_killed_mid_build_resumes(workdir):
-    env = {**os.environ, "PREFECT_HOME": str(workdir / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env = run_env(workdir)
     proc = subprocess.Popen([sys.executable, "-m", "edgeplan.cli", "run", "zoo:tiny_cnn", "--name", "tiny",
                              "--version", "2"], cwd=workdir, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)

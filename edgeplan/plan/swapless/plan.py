@@ -66,6 +66,15 @@ class SwapLessPlan(_Record):
     schema_version: int = 1
 
 
+def figure_sources(point: int, last: int, tpu_source: str) -> str:
+    """What a predicted latency at ``point`` is made of: the Edge TPU prefix (point > 0; EMULATED in
+    capitals when the times are modelled, never measured) and the CPU suffix (point < last). An all-CPU
+    point has no emulated figure in it and says so."""
+    parts = (["Edge TPU " + ("EMULATED" if tpu_source == "emulated" else tpu_source)] if point > 0 else []) + (
+        ["CPU"] if point < last else [])
+    return " + ".join(parts)
+
+
 _FIELD_TYPES.update({("SwapLessPlan", "models"): PlannedModel, ("SwapLessPlan", "regimes"): Regime,
                      ("SwapLessPlan", "preload"): Preload})
 

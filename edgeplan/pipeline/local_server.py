@@ -1,0 +1,223 @@
+"""A local Prefect server that ``edgeplan run`` starts once and reuses, stopping itself when idle.
+
+Prefect's ephemeral server starts with every command (5-7 s here, migrations on a fresh home first), so a
+rerun served wholly from the cache spent most of its time waiting for it. The local server is what Prefect
+users run by hand (``prefect server start``), minus the chores: on loopback, API only (``--no-services
+--no-ui``: no scheduler or event triggers, like the ephemeral one), its database in its own home
+(``.edgeplan/prefect/``), and a supervisor that stops it after ``idle_s`` without a run.
+
+Files in HOME: ``server.json`` ({url, pid, port, started}: written by the supervisor once the API answers,
+removed when it stops), ``server.log``, ``start.lock`` (one starter at a time), ``lease`` (every run holds
+a shared lock on it; the supervisor stops only when it gets the lock exclusively and the lease's time is
+older than ``idle_s``). Kill the supervisor and the server follows it (PR_SET_PDEATHSIG).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from edgeplan.errors import EdgeplanError
+
+POLL_S = 2.0
+
+
+def _healthy(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def info(home: Path) -> dict | None:
+    """The running server's record ({url, pid, port, started}), None when none answers."""
+    try:
+        rec = json.loads((Path(home) / "server.json").read_text())
+        url, pid = str(rec["url"]), int(rec["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return rec if _alive(pid) and _healthy(url) else None
+
+
+@contextlib.contextmanager
+def _flock(path: Path, mode: int):
+    with open(path, "a") as f:
+        fcntl.flock(f, mode)
+        try:
+            yield f
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def lease(home: Path):
+    """Held for a run: the supervisor does not stop the server under it; its end restarts the idle clock."""
+    home = Path(home)
+    home.mkdir(parents=True, exist_ok=True)
+    with _flock(home / "lease", fcntl.LOCK_SH):
+        try:
+            yield
+        finally:
+            os.utime(home / "lease")
+
+
+def ensure(home: Path, idle_s: float, timeout_s: float = 180.0, progress=None) -> str:
+    """The API URL of the local server in ``home``, started (detached) when none answers. Hold ``lease``
+    around this call and the run, so the server cannot stop in between."""
+    home = Path(home)
+    home.mkdir(parents=True, exist_ok=True)
+    with _flock(home / "start.lock", fcntl.LOCK_EX):
+        rec = info(home)
+        if rec is not None:
+            return rec["url"]
+        (home / "server.json").unlink(missing_ok=True)
+        if progress:
+            progress(f"starting a local Prefect server in {home} (reused by later runs; stops after "
+                     f"{idle_s / 60:g} min idle; `edgeplan server stop` stops it now)")
+        with open(home / "server.log", "w") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "edgeplan.pipeline.local_server", str(home), str(idle_s)],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=home,
+                                    start_new_session=True)  # cwd: no ./edgeplan of the caller's shadows ours
+        proc.wait()  # the launcher exits at once; the supervisor it forked is nobody's child (no zombie here)
+        deadline = time.monotonic() + timeout_s
+        pid_file = home / "supervisor.pid"
+        while time.monotonic() < deadline:
+            rec = info(home)
+            if rec is not None:
+                return rec["url"]
+            try:
+                pid = int(pid_file.read_text())
+            except (OSError, ValueError):
+                pid = None
+            if proc.returncode != 0 or (pid is not None and not _alive(pid)):
+                break
+            time.sleep(0.25)
+        pid = int(pid_file.read_text()) if pid_file.is_file() else None
+        alive = pid is not None and _alive(pid)
+        why = f"did not answer within {timeout_s:.0f} s" if alive else "exited"
+        if alive:
+            os.kill(pid, signal.SIGTERM)
+        tail = (home / "server.log").read_text(errors="replace")[-2000:]
+        raise EdgeplanError(f"the local Prefect server in {home} {why} (log {home / 'server.log'}):\n{tail}\nSet orchestration.prefect_server: ephemeral "
+                            "(or EDGEPLAN_PREFECT_SERVER=ephemeral) to use Prefect's ephemeral server instead")
+
+
+def stop(home: Path, timeout_s: float = 60.0) -> bool:
+    """Stop the local server in ``home`` once running ``edgeplan run``s have finished (waits up to
+    ``timeout_s`` for it); False when none was running."""
+    home = Path(home)
+    try:
+        pid = int(json.loads((home / "server.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if not _alive(pid):
+        (home / "server.json").unlink(missing_ok=True)
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def supervise(home: Path, idle_s: float) -> int:
+    """The supervisor: start the server, publish ``server.json`` once its API answers, and stop it after
+    ``idle_s`` without a run, or on SIGTERM once running runs have finished (their leases released)."""
+    home = Path(home)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": url}
+    prefect = Path(sys.executable).with_name("prefect")
+    server = subprocess.Popen([str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port),
+                               "--no-services", "--no-ui"], env=env, stdin=subprocess.DEVNULL,
+                              preexec_fn=_die_with_parent)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    started = time.time()
+    published = False
+    lease_path = home / "lease"
+    lease_path.touch()
+    try:
+        while server.poll() is None:
+            if not published and _healthy(url):
+                tmp = home / f".server.json.{os.getpid()}"
+                tmp.write_text(json.dumps({"url": url, "pid": os.getpid(), "port": port, "started": started,
+                                           "idle_s": idle_s}))
+                tmp.replace(home / "server.json")
+                published = True
+                print(f"serving {url}; stops after {idle_s:.0f} s without a run", flush=True)
+            idle = time.time() - max(lease_path.stat().st_mtime, started) > idle_s
+            if stopping or (published and idle):
+                with open(lease_path, "a") as f:
+                    try:  # SIGTERM waits for running runs; idleness does not wait, it checks again later
+                        fcntl.flock(f, fcntl.LOCK_EX | (0 if stopping else fcntl.LOCK_NB))
+                    except BlockingIOError:
+                        pass
+                    else:  # under the lock: no run can see the record or use the server meanwhile
+                        print("stopping: " + ("asked to" if stopping else "idle"), flush=True)
+                        _unpublish(home)
+                        _terminate(server)
+                        return 0
+            time.sleep(POLL_S)
+        print(f"the server exited ({server.returncode})", flush=True)
+        return 1
+    finally:
+        _unpublish(home)
+        _terminate(server)
+        (home / "supervisor.pid").unlink(missing_ok=True)
+
+
+def _unpublish(home: Path) -> None:
+    rec = home / "server.json"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        if json.loads(rec.read_text())["pid"] == os.getpid():
+            rec.unlink()
+
+
+def _terminate(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+if __name__ == "__main__":
+    if os.fork() > 0:  # the launcher's child returns at once; the supervisor goes on, reparented to init
+        os._exit(0)
+    (Path(sys.argv[1]) / "supervisor.pid").write_text(str(os.getpid()))
+    sys.exit(supervise(Path(sys.argv[1]), float(sys.argv[2])))
