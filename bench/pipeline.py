@@ -27,6 +27,14 @@ one real `prefect server start` for all; runs alternate 1, 2, 2, 1 (the machine'
   build -> verify chains of the 4 models); dask_speedup_2_vs_1_flow: the same over the whole flow
   (profiles run one at a time per machine, so they do not speed up).
 
+Part `main`: the README's main command, as a new user runs it: `edgeplan run zoo:mobilenetv2_0.35_96 --name
+mobilenetv2 --version 1` in a fresh clone of the repository (the default configuration: the local Prefect
+server, a 3-s device check), timed from outside the process (wall clock, interpreter start to exit).
+- main_command_cold_seconds: the first run (starts the local Prefect server, converts, profiles, publishes);
+- main_command_warm_seconds: the median of 5 reruns wholly from the cache (value; runs and the split into
+  start-up / flow / device check beside); main_command_warm_seconds_ephemeral: the same command with Prefect's
+  ephemeral server (orchestration.prefect_server: ephemeral), its runs interleaved with the local server's.
+
 `--part` runs one part and keeps the other parts' keys of an existing pipeline.json.
 Edge TPU figures inside (the plans' predicted latency) come from the EMULATED Edge TPU.
 """
@@ -60,7 +68,8 @@ FAST_PROFILE = {"repeats": 10, "min_repeats": 5, "span_s": 0.5, "budget_s": 1.0}
 def run(workdir: Path, label: str, *args: str, env: dict | None = None) -> dict:
     """``edgeplan run ARGS`` in ``workdir``: the ephemeral server unless ``env`` names one; its summary."""
     if env is None:
-        env = {**os.environ, "PREFECT_HOME": str(workdir / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        env = {**os.environ, "PREFECT_HOME": str(workdir / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+               "EDGEPLAN_PREFECT_SERVER": "ephemeral"}
         env.pop("PREFECT_API_URL", None)
     out = workdir / f"{label}.json"
     proc = subprocess.run([sys.executable, "-m", "edgeplan.cli", "run", *args, "--summary-json", str(out)],
@@ -152,6 +161,57 @@ def part_blobs(workdir: Path, name: str) -> dict:
     }
 
 
+MAIN_COMMAND = ("run", "zoo:mobilenetv2_0.35_96", "--name", "mobilenetv2", "--version", "1")
+
+
+def part_main(warm_runs: int = 5) -> dict:
+    """The README's main command in a fresh clone: cold, then warm reruns on the local server interleaved
+    with reruns on the ephemeral one (L E E L L E ...)."""
+    import time
+
+    base = Path(tempfile.mkdtemp(prefix="edgeplan-bench-main-"))
+    clone = base / "edgeplan"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+    exe = Path(sys.executable).with_name("edgeplan")
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "EDGEPLAN_PREFECT_SERVER")}
+    records: dict[str, list[dict]] = {"local": [], "ephemeral": []}
+
+    def once(server: str, label: str) -> dict:
+        out = base / f"{label}.json"
+        t0 = time.perf_counter()
+        proc = subprocess.run([str(exe), *MAIN_COMMAND, "--summary-json", str(out)], cwd=clone, capture_output=True,
+                              text=True, env={**env, "EDGEPLAN_PREFECT_SERVER": server})
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise SystemExit(f"main command ({label}) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        s = json.loads(out.read_text())
+        dc = s["command_seconds"] - s["before_flow_seconds"] - s["flow_seconds"]
+        print(f"[bench] main command {label}: {wall:.1f} s (start-up {s['before_flow_seconds']:.1f}, flow "
+              f"{s['flow_seconds']:.1f}, after the flow {dc:.1f})", flush=True)
+        return {"wall_seconds": wall, "before_flow_seconds": s["before_flow_seconds"], "flow_seconds": s["flow_seconds"],
+                "after_flow_seconds": dc, "cache_hits": s["cache_hits"], "tasks": len(s["tasks"])}
+
+    try:
+        cold = once("local", "cold")
+        order = ["local", "ephemeral", "ephemeral", "local"] * ((warm_runs + 1) // 2)
+        for k, server in enumerate(order[: 2 * warm_runs]):
+            r = once(server, f"warm-{server}-{k}")
+            if r["cache_hits"] != r["tasks"]:
+                raise SystemExit(f"warm run {k} was not wholly from the cache: {r}")
+            records[server].append(r)
+    finally:
+        subprocess.run([str(exe), "server", "stop"], cwd=clone, env=env, capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+    def summary(rows):
+        walls = [r["wall_seconds"] for r in rows]
+        return {"value": statistics.median(walls), "min": min(walls), "max": max(walls), "runs": rows}
+
+    return {"main_command": " ".join(("edgeplan", *MAIN_COMMAND)), "main_command_cold_seconds": cold["wall_seconds"],
+            "main_command_cold": cold, "main_command_warm_seconds": summary(records["local"]),
+            "main_command_warm_seconds_ephemeral": summary(records["ephemeral"])}
+
+
 def part_dask(order: tuple[int, ...] = (1, 2, 2, 1)) -> dict:
     from distributed import LocalCluster
 
@@ -200,11 +260,11 @@ def part_dask(order: tuple[int, ...] = (1, 2, 2, 1)) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a tiny CNN instead of MobileNetV2 0.35/96 (caching, blobs)")
-    ap.add_argument("--part", choices=("caching", "blobs", "dask"), action="append",
+    ap.add_argument("--part", choices=("caching", "blobs", "dask", "main"), action="append",
                     help="run only these parts (blobs implies caching); default: all")
     ap.add_argument("--keep", action="store_true", help="keep the caching/blobs work directory")
     args = ap.parse_args()
-    parts = set(args.part or ("caching", "blobs", "dask"))
+    parts = set(args.part or ("caching", "blobs", "dask", "main"))
     if "blobs" in parts:
         parts.add("caching")
     model, name = ("zoo:tiny_cnn", "tinycnn") if args.quick else ("zoo:mobilenetv2_0.35_96", "mobilenetv2")
@@ -224,7 +284,9 @@ def main() -> int:
                 shutil.rmtree(workdir, ignore_errors=True)
     if "dask" in parts:
         result.update(part_dask())
-    keys = ("warm_over_cold", "conversions_redone_warm", "server_startup_seconds",
+    if "main" in parts:
+        result.update(part_main())
+    keys = ("main_command_cold_seconds", "main_command_warm_seconds", "warm_over_cold", "conversions_redone_warm", "server_startup_seconds",
             "stages_rerun_after_plan_param_change", "blobs_uploaded_unchanged", "blobs_uploaded_classifier_changed",
             "blobs_expected_classifier_changed", "dask_speedup_2_vs_1")
     publish("pipeline", result, plot, tuple(k for k in keys if k in result))
@@ -233,7 +295,26 @@ def main() -> int:
 
 def plot(result: dict, path: Path) -> None:
     plt = pyplot()
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 4.8), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax, bx, cx) = plt.subplots(1, 3, figsize=(19, 4.8), gridspec_kw={"width_ratios": [3, 2, 2]})
+    if "main_command_warm_seconds" in result:
+        cold = result["main_command_cold"]
+        bars = {"cold (local server)": [cold]}
+        bars.update({f"warm, {k}": result[f"main_command_warm_seconds{'' if k == 'local' else '_ephemeral'}"]["runs"]
+                     for k in ("local", "ephemeral")})
+        for i, (label, runs) in enumerate(bars.items()):
+            parts = [statistics.median(r[k] for r in runs) for k in ("before_flow_seconds", "flow_seconds",
+                                                                   "after_flow_seconds")]
+            bottom = 0.0
+            for j, (v, what) in enumerate(zip(parts, ("start-up", "flow", "device check"))):
+                cx.bar(i, v, 0.6, bottom=bottom, color=f"C{j}", label=what if i == 0 else None)
+                bottom += v
+            cx.text(i, bottom, f"{statistics.median(r['wall_seconds'] for r in runs):.1f} s", ha="center",
+                    va="bottom", fontsize=8)
+        cx.axhline(8.0, color="k", ls=":", lw=1, label="warm target 8 s")
+        cx.set_xticks(range(len(bars)), list(bars), fontsize=8)
+        cx.set_ylabel("wall seconds (medians)")
+        cx.set_title("the README's main command in a fresh clone", fontsize=10)
+        cx.legend(fontsize=8)
     if "tasks" in result:
         runs = ("cold", "warm", "plan_changed")
         names = [t["task"] for t in result["tasks"]["cold"]]

@@ -86,9 +86,52 @@ def _keras_input_signature(shape, input_shape, dtype, name, source):
     return (tf.TensorSpec(dims, dtype, name=name),)
 
 
+def _bounded_tf2onnx() -> None:
+    """Make tf2onnx's conversion of a frozen graph cost memory in proportion to the model (large models).
+
+    Measured on Keras VGG16 (553 MB of weights), the stock conversion was killed past 24 GB in two places:
+    - grappler (``tf_optimize_grappler`` -> TensorFlow's ``OptimizeGraph``: 10 GB in 45 s, with or without
+      its constant folding): skipped. Folding happens on the ONNX graph instead (tf2onnx's ConstFoldOptimizer
+      and ``canonicalise``'s onnx-graphsurgeon folding), and the Keras function is already inlined when it is
+      frozen (``convert_variables_to_constants_v2``, aggressive inlining);
+    - tf2onnx's optimizer loop: every pass writes every node back to its NodeProto (``Node.update_proto``),
+      and with the upb protobuf runtime the previous copy of a Const's tensor stays in the NodeProto's arena
+      until the node dies: +553 MB per pass. A Const whose ``value`` attribute object has not been replaced
+      since it was written is now left as it is (no optimizer mutates a tensor in place: each sets a new
+      attribute). Its deep copy of the whole graph before every pass (``catch_errors``) is switched off too.
+    Applied once per process; the outputs are unchanged (tested against the Keras model's own)."""
+    from tf2onnx import constants, tf_loader
+    from tf2onnx.graph import Node
+
+    if getattr(Node.update_proto, "_edgeplan", False):
+        return
+    tf_loader.tf_optimize_grappler = lambda input_names, output_names, graph_def: graph_def
+    os.environ[constants.ENV_TF2ONNX_CATCH_ERRORS] = "false"  # present = no deep copies (tf2onnx 1.17)
+    original = Node.update_proto
+
+    def update_proto(self, external_tensor_storage=None):
+        if external_tensor_storage is None and self.type == "Const" and len(self._attr) == 1:
+            value = self._attr.get("value")
+            if value is not None and self.__dict__.get("_edgeplan_written") is value:
+                del self._op.input[:]
+                self._op.input.extend(self.input)
+                del self._op.output[:]
+                self._op.output.extend(self.output)
+                return
+            original(self)
+            self.__dict__["_edgeplan_written"] = value
+            return
+        original(self, external_tensor_storage)
+
+    update_proto._edgeplan = True
+    Node.update_proto = update_proto
+
+
 def _from_keras(path: Path, input_shape) -> onnx.ModelProto:
     import keras
     import tf2onnx
+
+    _bounded_tf2onnx()
 
     try:
         km = keras.models.load_model(path, compile=False)
@@ -112,6 +155,8 @@ def _from_keras(path: Path, input_shape) -> onnx.ModelProto:
 def _from_saved_model(path: Path, input_shape) -> onnx.ModelProto:
     import tensorflow as tf
     import tf2onnx
+
+    _bounded_tf2onnx()
 
     try:
         loaded = tf.saved_model.load(str(path))
@@ -232,6 +277,69 @@ def _explicit_pool_padding(model: onnx.ModelProto) -> None:
     g.node.extend(out)
 
 
+def _fold_conv_affine(model: onnx.ModelProto) -> None:
+    """A per-output-channel constant ``Mul`` or ``Add`` that alone consumes a Conv's output is folded into the
+    Conv's weights and bias (a batch norm after a bias-free convolution, as converters emit it): W*c, b*c+d.
+    Exact up to float32 rounding of the products."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    graph_outputs = {o.name for o in g.output}
+    while True:
+        consumers: dict[str, list] = {}
+        for n in g.node:
+            for x in n.input:
+                consumers.setdefault(x, []).append(n)
+        folded = None
+        for conv in g.node:
+            if conv.op_type != "Conv" or len(conv.input) < 2 or conv.input[1] not in inits:
+                continue
+            out = conv.output[0]
+            nxt = consumers.get(out, [])
+            if len(nxt) != 1 or out in graph_outputs or nxt[0].op_type not in ("Mul", "Add"):
+                continue
+            op = nxt[0]
+            other = op.input[1] if op.input[0] == out else op.input[0]
+            if other not in inits:  # (a constant several nodes share stays for the others)
+                continue
+            w = numpy_helper.to_array(inits[conv.input[1]])
+            c = numpy_helper.to_array(inits[other])
+            o = w.shape[0]
+            # per output channel: broadcast against the (N, C, spatial...) output, every axis but C has size 1
+            dims = (1,) * (w.ndim - c.ndim) + c.shape
+            if c.dtype != w.dtype or c.ndim > w.ndim or any(d != 1 for k, d in enumerate(dims) if k != 1) \
+                    or dims[1] not in (1, o):
+                continue
+            c = np.broadcast_to(c.reshape(-1), (o,)).astype(w.dtype)
+            b = (numpy_helper.to_array(inits[conv.input[2]]) if len(conv.input) > 2 and conv.input[2]
+                 else np.zeros(o, w.dtype))
+            if op.op_type == "Mul":
+                w = w * c.reshape((o,) + (1,) * (w.ndim - 1))
+                b = b * c
+            else:
+                b = b + c
+            wname, bname = f"{conv.name or out}__w", f"{conv.name or out}__b"
+            for name, arr in ((wname, w), (bname, b)):
+                if name in inits:
+                    g.initializer.remove(inits.pop(name))
+                t = numpy_helper.from_array(np.ascontiguousarray(arr.astype(w.dtype)), name)
+                g.initializer.append(t)
+                inits[name] = t
+            del conv.input[1:]
+            conv.input.extend([wname, bname])
+            conv.output[0] = op.output[0]
+            folded = op
+            break
+        if folded is None:
+            break
+        g.node.remove(folded)
+    used = {x for n in g.node for x in n.input}
+    for t in [t for t in g.initializer if t.name not in used]:
+        g.initializer.remove(t)
+
+
 def _fold(model: onnx.ModelProto) -> onnx.ModelProto:
     import onnx_graphsurgeon as gs
 
@@ -273,6 +381,7 @@ def canonicalise(
             model = shape_inference.infer_shapes(model, data_prop=True)
             model = _fold(model)
         _bypass_identities(model)
+        _fold_conv_affine(model)
         _two_input_sum_to_add(model)
         _explicit_pool_padding(model)
         del model.graph.value_info[:]

@@ -92,6 +92,11 @@ def match_candidates(
             matches.append(Match(c, None, cos, f"fused away by the converter: the closest int8 tensor "
                                                f"({tflite.tensors[ix].name!r}) has cosine {cos:.3f} < {min_cosine}"))
             continue
+        if ix in tflite.outputs or ix in tflite.inputs:
+            matches.append(Match(c, None, cos, f"fused into the int8 model's {'output' if ix in tflite.outputs else 'input'}"
+                                               f" by the converter (tensor {tflite.tensors[ix].name!r}): not an "
+                                               "interior point"))
+            continue
         if not tflite.is_single_tensor_cut(ix):
             matches.append(Match(c, None, cos, f"not a single-tensor cut of the int8 model (tensor "
                                                f"{tflite.tensors[ix].name!r}: the converter joined ops across it)"))

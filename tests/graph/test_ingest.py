@@ -164,3 +164,44 @@ def test_two_input_sum_becomes_add():
     data = np.random.default_rng(0).normal(size=(1, 4)).astype(np.float32)
     np.testing.assert_array_equal(ort.InferenceSession(before.SerializeToString()).run(None, {"x": data})[0],
                                   ort.InferenceSession(after.SerializeToString()).run(None, {"x": data})[0])
+
+
+def _conv_affine_model(mul_shape, add_shape, with_bias: bool):
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(4, 3, 3, 3)).astype(np.float32)
+    inits = [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel()),
+             helper.make_tensor("c", TensorProto.FLOAT, mul_shape, rng.normal(size=mul_shape).astype(np.float32).ravel()),
+             helper.make_tensor("d", TensorProto.FLOAT, add_shape, rng.normal(size=add_shape).astype(np.float32).ravel())]
+    conv_in = ["x", "w"]
+    if with_bias:
+        inits.append(helper.make_tensor("b", TensorProto.FLOAT, [4], rng.normal(size=4).astype(np.float32)))
+        conv_in.append("b")
+    nodes = [helper.make_node("Conv", conv_in, ["y"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["y", "c"], ["m"], name="bn_mul"),
+             helper.make_node("Add", ["d", "m"], ["a"], name="bn_add"),
+             helper.make_node("Relu", ["a"], ["out"], name="relu")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("mul_shape, add_shape, with_bias", [([1, 4, 1, 1], [4, 1, 1], False), ([1], [1, 4, 1, 1], True)])
+def test_a_per_channel_mul_and_add_after_a_conv_fold_into_it(mul_shape, add_shape, with_bias):
+    """Before: Conv -> Mul(c) -> Add(d) -> Relu (a batch norm as converters emit it); Expected: Conv(W*c, b*c+d)
+    -> Relu, and the same outputs."""
+    before = _conv_affine_model(mul_shape, add_shape, with_bias)
+    x = np.random.default_rng(4).normal(size=(1, 3, 8, 8)).astype(np.float32)
+    want = ort.InferenceSession(before.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    after = canonicalise(before)
+    assert [n.op_type for n in after.graph.node] == ["Conv", "Relu"]
+    assert len(after.graph.node[0].input) == 3 and len(after.graph.initializer) == 2
+    got = ort.InferenceSession(after.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mul_shape", [[1, 1, 8, 1], [8], [1, 1, 1, 8], [4, 1, 1, 1]])
+def test_a_mul_that_is_not_per_channel_stays(mul_shape):
+    """A constant varying along H or W (or the batch axis) is not a per-channel scale: nothing is folded, and
+    the Add after it does not follow the Conv any more."""
+    m = _conv_affine_model(mul_shape, [1], False)
+    assert [n.op_type for n in canonicalise(m).graph.node] == ["Conv", "Mul", "Add", "Relu"]

@@ -1,0 +1,126 @@
+"""Peak resident memory per stage, measured: a sampler thread reads the RSS of this process and of every
+process it started (the onnx2tf child, profiler workers) from /proc; each stage records its peak, its
+baseline at entry and its time. Linux only (/proc); elsewhere the record says the sampler was unavailable.
+
+The figures are measurements, never the planner's arithmetic: ``peak_rss_bytes`` is the largest sum of
+RSS over the process tree seen during the stage (sampled every ``interval_s``; a spike shorter than that can
+be missed), ``peak_over_baseline_bytes`` subtracts what the tree held when the stage began."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _rss(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
+                out += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def tree_rss(pid: int | None = None) -> int:
+    """RSS of ``pid`` (default: this process) and all its descendants, bytes."""
+    todo, total, seen = [pid or os.getpid()], 0, set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        total += _rss(p)
+        todo += _children(p)
+    return total
+
+
+def available_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (what can be allocated without swapping), None when unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    stage: str
+    peak_rss_bytes: int
+    baseline_rss_bytes: int
+    seconds: float
+
+    @property
+    def peak_over_baseline_bytes(self) -> int:
+        return max(0, self.peak_rss_bytes - self.baseline_rss_bytes)
+
+    def to_json(self) -> dict:
+        return {"peak_rss_bytes": self.peak_rss_bytes, "baseline_rss_bytes": self.baseline_rss_bytes,
+                "peak_over_baseline_bytes": self.peak_over_baseline_bytes, "seconds": round(self.seconds, 3)}
+
+
+class Sampler:
+    """``with Sampler() as s: with s.stage("ingest"): ...``; ``s.stages`` holds one StageMemory per stage."""
+
+    def __init__(self, interval_s: float = 0.02):
+        self.interval = interval_s
+        self.available = Path(f"/proc/{os.getpid()}/statm").exists()
+        self.stages: list[StageMemory] = []
+        self._active: list[list[int]] = []  # the running peak of every stage in progress (stages nest)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Sampler:
+        if self.available:
+            self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            v = tree_rss()
+            with self._lock:
+                for peak in self._active:
+                    peak[0] = max(peak[0], v)
+
+    @contextmanager
+    def stage(self, name: str):
+        base = tree_rss() if self.available else 0
+        mine = [base]
+        with self._lock:
+            self._active.append(mine)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            end = tree_rss() if self.available else 0
+            with self._lock:
+                self._active = [p for p in self._active if p is not mine]  # by identity: equal peaks differ
+                peak = max(mine[0], end)
+            self.stages.append(StageMemory(name, peak, base, time.perf_counter() - t0))
+
+    def record(self) -> dict:
+        return {s.stage: s.to_json() for s in self.stages}
