@@ -166,18 +166,37 @@ def cmd_verify(args, params) -> int:
 
 
 def cmd_compile(args, params) -> int:
+    from edgeplan.artifacts import write_json_atomic
+    from edgeplan.pipeline.memory import Sampler
+
     st = _stages()
-    with _progress() as update:
-        update("ingest", 0, 1)
-        root = st.ingest(args.model, args.name, args.version, Path(args.out), args.input_shape)
-        update("ingest", 1, 1)
-        result = st.build(root, params, update)
-    print_build(result)
-    with _progress() as update:
-        report = st.verify(root, params, update)
+    with Sampler() as mem:
+        with _progress() as update:
+            update("ingest", 0, 1)
+            root = st.ingest(args.model, args.name, args.version, Path(args.out), args.input_shape)
+            update("ingest", 1, 1)
+            result = st.build(root, params, update)
+        print_build(result)
+        with _progress() as update:
+            report = st.verify(root, params, update)
     print_verify(report)
+    record = mem.record()
+    write_json_atomic(root / "memory.json", {"schema_version": 1, "source": "measured: RSS of the process tree, "
+                                             "sampled every 20 ms", "stages": record})
+    print_memory(record)
     console.print(f"artifacts in {root}")
     return 0 if report.ok and not result.errors else 1
+
+
+def print_memory(record: dict) -> None:
+    t = table("peak memory per stage (RSS of edgeplan and the processes it started, measured)",
+              ("stage", "seconds", "peak GB", "above its start GB"), right=("seconds", "peak GB", "above its start GB"))
+    top = max(record, key=lambda k: record[k]["peak_rss_bytes"], default=None)
+    for name, r in record.items():
+        mark = " [bold](peak)[/]" if name == top else ""
+        t.add_row(name + mark, f"{r['seconds']:.1f}", f"{r['peak_rss_bytes'] / 1e9:.2f}",
+                  f"{r['peak_over_baseline_bytes'] / 1e9:.2f}")
+    console.print(t)
 
 
 def cmd_zoo(args, params) -> int:

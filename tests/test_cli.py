@@ -37,8 +37,13 @@ def test_compile_writes_the_tree_and_prints_the_verify_table(tmp_path):
     assert "verify passed" in proc.stdout and "100.00%" in proc.stdout
     assert "ends at op 1 DEQUANTIZE" in proc.stdout and "LOCAL_RESPONSE_NORMALIZATION has no int8 kernel" in proc.stdout
     root = tmp_path / "out" / "tiny" / "2"
-    for f in ("model.onnx", "model.json", "model_int8.tflite", "analysis.json", "verify.json"):
+    for f in ("model.onnx", "model.json", "model_int8.tflite", "analysis.json", "verify.json", "memory.json"):
         assert (root / f).is_file(), f
+    stages = json.loads((root / "memory.json").read_text())["stages"]  # measured per stage, printed too
+    assert {"ingest", "analyze", "int8 conversion", "matching", "cutting", "compile", "verify"} <= set(stages)
+    assert all(r["peak_rss_bytes"] >= r["baseline_rss_bytes"] > 0 for r in stages.values())
+    assert stages["int8 conversion"]["peak_over_baseline_bytes"] > 0  # onnx2tf runs in a child process: counted
+    assert "peak memory per stage" in proc.stdout
     # verify alone re-runs the checks; a tampered int8 model fails with exit status 1
     assert _edgeplan("verify", str(root), cwd=tmp_path).returncode == 0
     data = bytearray((root / "segments" / "p2" / "suffix_int8.tflite").read_bytes())

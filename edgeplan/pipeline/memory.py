@@ -76,6 +76,19 @@ class StageMemory:
                 "peak_over_baseline_bytes": self.peak_over_baseline_bytes, "seconds": round(self.seconds, 3)}
 
 
+_CURRENT: list = []  # the active sampler (the innermost ``with Sampler()``), for ``stage``
+
+
+@contextmanager
+def stage(name: str):
+    """Mark a stage in library code: measured when a ``Sampler`` is active (the CLI's), free otherwise."""
+    if not _CURRENT:
+        yield
+        return
+    with _CURRENT[-1].stage(name):
+        yield
+
+
 class Sampler:
     """``with Sampler() as s: with s.stage("ingest"): ...``; ``s.stages`` holds one StageMemory per stage."""
 
@@ -89,12 +102,14 @@ class Sampler:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> Sampler:
+        _CURRENT.append(self)
         if self.available:
             self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
             self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        _CURRENT.remove(self)
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -123,4 +138,16 @@ class Sampler:
             self.stages.append(StageMemory(name, peak, base, time.perf_counter() - t0))
 
     def record(self) -> dict:
-        return {s.stage: s.to_json() for s in self.stages}
+        """Per stage name (a stage run several times, e.g. compile once per point, is merged: the largest peak
+        over its baseline, the total time), in the order stages first started."""
+        out: dict[str, dict] = {}
+        for s in self.stages:
+            rec = s.to_json()
+            held = out.get(s.stage)
+            if held is None or rec["peak_over_baseline_bytes"] > held["peak_over_baseline_bytes"]:
+                out[s.stage] = {**rec, "seconds": round(rec["seconds"] + (held["seconds"] if held else 0.0), 3),
+                                "runs": (held["runs"] if held else 0) + 1}
+            else:
+                held["seconds"] = round(held["seconds"] + rec["seconds"], 3)
+                held["runs"] += 1
+        return out

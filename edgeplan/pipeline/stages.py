@@ -25,6 +25,7 @@ from edgeplan.errors import ArtifactError, EdgeplanError, ModelVersionConflictEr
 from edgeplan.graph.cuts import Candidate, choose_evenly, endpoints, single_tensor_cuts
 from edgeplan.graph.ingest import load_any
 from edgeplan.graph.model import GraphView, fingerprint
+from edgeplan.pipeline import memory
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -47,7 +48,8 @@ def ingest(source: str | Path, name: str, version: str, out_root: Path,
     out = artifact_dir(out_root, name, version)
     src = str(source)
     path = resolve(src, Path(out_root) / ".zoo")
-    model = load_any(path, input_shape=input_shape)
+    with memory.stage("ingest"):
+        model = load_any(path, input_shape=input_shape)
     data = model.SerializeToString(deterministic=True)
     sha = fingerprint(model)
     if (out / "model.json").is_file():  # a version names one model: the same again is a no-op, another is refused
@@ -111,8 +113,9 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     model_path = root / "model.onnx"
     if not model_path.is_file():
         raise ArtifactError(f"{model_path}: missing; run `edgeplan ingest` (or `edgeplan compile`) first.")
-    model = onnx.load(str(model_path))
-    view, cands = candidates(model)
+    with memory.stage("analyze"):
+        model = onnx.load(str(model_path))
+        view, cands = candidates(model)
     convert.check_convertible(model, str(model_path))
     qp = params["quantize"]
     spec = CalibrationSpec.from_params(qp["calibration"])
@@ -120,7 +123,7 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
 
     progress("int8 conversion", 0, 1)
     int8_path = root / "model_int8.tflite"
-    with tempfile.TemporaryDirectory(prefix="edgeplan-convert-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="edgeplan-convert-") as tmp, memory.stage("int8 conversion"):
         data = convert.to_int8_tflite(model_path, calibration_data(spec, in_shape), Path(tmp), qp["timeout_s"])
     write_bytes_atomic(int8_path, data)
     progress("int8 conversion", 1, 1)
@@ -128,7 +131,8 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     tfl = TfliteGraph(data)
     progress("matching", 0, 1)
     xs = sample_inputs(spec, in_shape, 2, seed=spec.seed + 1)
-    matches = match_candidates(model, cands, tfl, xs, min_cosine=qp["match_min_cosine"]) if cands else []
+    with memory.stage("matching"):
+        matches = match_candidates(model, cands, tfl, xs, min_cosine=qp["match_min_cosine"]) if cands else []
     progress("matching", 1, 1)
     kept = [m for m in matches if m.tflite_index is not None]
     dropped = [DroppedPoint(m.candidate.tensor, m.reason or "") for m in matches if m.tflite_index is None]
@@ -156,9 +160,6 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
 
 
 def _segments(root, model, tfl, analysis: Analysis, params: dict, progress: Progress) -> BuildResult:
-    from edgeplan.quantize.cut import cut
-    from edgeplan.surgery import split
-
     seg_root = root / "segments"
     if seg_root.exists():
         shutil.rmtree(seg_root)  # a new analysis renumbers points: stale segments must not survive
@@ -171,20 +172,11 @@ def _segments(root, model, tfl, analysis: Analysis, params: dict, progress: Prog
         d = seg_root / f"p{p.index}"
         d.mkdir(parents=True, exist_ok=True)
         try:
-            if p.index == 0:
-                write_bytes_atomic(d / "suffix.onnx", model_bytes)
-                write_bytes_atomic(d / "suffix_int8.tflite", int8_bytes)
-            elif p.index == last:
-                write_bytes_atomic(d / "prefix.onnx", model_bytes)
-                write_bytes_atomic(d / "prefix_int8.tflite", int8_bytes)
-            else:
-                write_bytes_atomic(d / "prefix.onnx", split.prefix(model, p.tensor).SerializeToString())
-                write_bytes_atomic(d / "suffix.onnx", split.suffix(model, p.tensor).SerializeToString())
-                pre, suf = cut(tfl, tfl.by_name(p.tflite_tensor).index)
-                write_bytes_atomic(d / "prefix_int8.tflite", pre)
-                write_bytes_atomic(d / "suffix_int8.tflite", suf)
+            with memory.stage("cutting"):
+                _cut_point(d, p, last, model, tfl, model_bytes, int8_bytes)
             if p.index > 0:
-                reports[p.index] = compile_prefix(d, params["compile"])
+                with memory.stage("compile"):
+                    reports[p.index] = compile_prefix(d, params["compile"])
         except EdgeplanError as e:
             errors[p.index] = str(e)
         except Exception as e:  # keep every other point; say what broke here
@@ -194,6 +186,25 @@ def _segments(root, model, tfl, analysis: Analysis, params: dict, progress: Prog
             log.error("point %d failed: %s", p.index, errors[p.index])
         progress("segments", p.index + 1, len(analysis.points))
     return BuildResult(analysis, reports, errors)
+
+
+def _cut_point(d: Path, p, last: int, model, tfl, model_bytes: bytes, int8_bytes: bytes) -> None:
+    """prefix/suffix ONNX (onnx-graphsurgeon) and int8 (cut from the one int8 model) of point ``p`` in ``d``."""
+    from edgeplan.quantize.cut import cut
+    from edgeplan.surgery import split
+
+    if p.index == 0:
+        write_bytes_atomic(d / "suffix.onnx", model_bytes)
+        write_bytes_atomic(d / "suffix_int8.tflite", int8_bytes)
+    elif p.index == last:
+        write_bytes_atomic(d / "prefix.onnx", model_bytes)
+        write_bytes_atomic(d / "prefix_int8.tflite", int8_bytes)
+    else:
+        write_bytes_atomic(d / "prefix.onnx", split.prefix(model, p.tensor).SerializeToString())
+        write_bytes_atomic(d / "suffix.onnx", split.suffix(model, p.tensor).SerializeToString())
+        pre, suf = cut(tfl, tfl.by_name(p.tflite_tensor).index)
+        write_bytes_atomic(d / "prefix_int8.tflite", pre)
+        write_bytes_atomic(d / "suffix_int8.tflite", suf)
 
 
 def compile_prefix(d: Path, settings: dict) -> CompileReport:
@@ -240,7 +251,8 @@ def verify(root: Path, params: dict, progress: Progress = _noop) -> VerifyReport
         done[0] += 1
         progress("verify", done[0], len(analysis.points))
 
-    report = run_checks(root, analysis, xs, vp["min_cosine"], tick)
+    with memory.stage("verify"):
+        report = run_checks(root, analysis, xs, vp["min_cosine"], tick)
     report.save(root / "verify.json")
     return report
 
