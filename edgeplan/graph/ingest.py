@@ -149,7 +149,23 @@ def _from_keras(path: Path, input_shape) -> onnx.ModelProto:
         model, _ = tf2onnx.convert.from_keras(km, input_signature=sig, opset=OPSET, inputs_as_nchw=nchw)
     except Exception as e:
         raise UnsupportedModelError(f"{path}: tf2onnx could not convert it ({type(e).__name__}: {e}).") from e
+    del km
+    _release_tf_memory()
     return model
+
+
+def _release_tf_memory() -> None:
+    """Free what the Keras model and the conversion held before canonicalisation copies the ONNX model, and
+    hand freed heap back to the system (VGG16: canonicalisation then starts at 2.6 GB instead of 5.1 GB).
+    Not ``keras.backend.clear_session()``: it resets global Keras state another thread may be using."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 def _from_saved_model(path: Path, input_shape) -> onnx.ModelProto:
