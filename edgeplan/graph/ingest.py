@@ -146,12 +146,70 @@ def _from_keras(path: Path, input_shape) -> onnx.ModelProto:
     sig = _keras_input_signature(km.inputs[0].shape, input_shape, km.inputs[0].dtype, name, path)
     nchw = [name] if len(sig[0].shape) == 4 else None
     try:
+        if hasattr(km, "stateless_call"):
+            held = [km]
+            del km  # the conversion frees the model once it has its weights: no reference may stay here
+            return _stateless_keras(held, sig, nchw)
         model, _ = tf2onnx.convert.from_keras(km, input_signature=sig, opset=OPSET, inputs_as_nchw=nchw)
     except Exception as e:
         raise UnsupportedModelError(f"{path}: tf2onnx could not convert it ({type(e).__name__}: {e}).") from e
     del km
     _release_tf_memory()
     return model
+
+
+WEIGHT = "edgeplan_weight_"
+
+
+def _stateless_keras(held: list, sig, nchw) -> onnx.ModelProto:
+    """A Keras 3 model to ONNX without freezing its variables into constants (TensorFlow's freezing took +5.1
+    GB for VGG16's 553 MB): its ``stateless_call`` is converted with every variable as a function input,
+    so the converted graph holds no weights; the weights become initializers afterwards, the Keras model is
+    freed, the constant subgraphs they feed (batch-norm scales, kernel layouts) are folded on the ONNX graph,
+    and then tf2onnx's optimizer (transpose cancellation, ...) runs on it with the constants known."""
+    import tensorflow as tf
+    import tf2onnx
+    from onnx import numpy_helper
+    from tf2onnx import optimizer
+    from tf2onnx.graph import GraphUtil
+
+    km = held.pop()  # ``held``: the caller's only reference, so that ``del km`` below frees the model
+    variables = [*km.trainable_variables, *km.non_trainable_variables]
+    n_trainable = len(km.trainable_variables)
+    specs = [*sig, *(tf.TensorSpec(v.shape, v.dtype, name=f"{WEIGHT}{i}") for i, v in enumerate(variables))]
+
+    @tf.function(input_signature=specs)
+    def call(x, *ws):
+        return km.stateless_call(list(ws[:n_trainable]), list(ws[n_trainable:]), x, training=False)[0]
+
+    model, _ = tf2onnx.convert.from_function(call, input_signature=specs, opset=OPSET, inputs_as_nchw=nchw)
+    g = model.graph
+    names = {i.name for i in g.input}
+    for i, v in enumerate(variables):
+        key = f"{WEIGHT}{i}" if f"{WEIGHT}{i}" in names else f"{WEIGHT}{i}:0"
+        if key in names:  # (a variable the inference graph does not use has no input)
+            g.initializer.append(numpy_helper.from_array(v.numpy(), key))
+    kept = [i for i in g.input if not i.name.startswith(WEIGHT)]
+    del g.input[:]
+    g.input.extend(kept)
+    del km, variables, call
+    _release_tf_memory()
+    model = _fold(_infer_shapes(model))  # kernels and batch-norm constants become plain initializers
+    # tf2onnx's passes (transposes pushed and cancelled, ...) never need the large tensors by now: they run on a
+    # model where those are typed graph inputs, and the tensors are attached again after (one copy, not four)
+    light = _light_copy(model, large_as_inputs=True)
+    large = [t for t in model.graph.initializer if _large(t)]
+    graph = optimizer.optimize_graph(GraphUtil.create_graph_from_onnx_model(light), catch_errors=False)
+    out = graph.make_model("edgeplan")
+    del graph, light
+    names = {t.name for t in large}
+    kept = [i for i in out.graph.input if i.name not in names]
+    del out.graph.input[:]
+    out.graph.input.extend(kept)
+    out.graph.initializer.extend(large)
+    del model, large
+    _release_tf_memory()
+    return out
 
 
 def _release_tf_memory() -> None:
@@ -356,6 +414,57 @@ def _fold_conv_affine(model: onnx.ModelProto) -> None:
         g.initializer.remove(t)
 
 
+LIGHT_BYTES = 1 << 16  # initializers above this are left out of shape inference (it reads only their dims)
+
+
+def _infer_shapes(model: onnx.ModelProto, **kw) -> onnx.ModelProto:
+    """``onnx.shape_inference.infer_shapes`` without copying the weights: it round-trips the whole model
+    through bytes (twice 553 MB for VGG16) yet needs only the dims of large initializers (values only of small,
+    shape-like ones). Inference runs on a copy whose large initializers are dims-only stubs; the inferred
+    value_info and outputs are put into ``model``, which is returned."""
+    g = model.graph
+    inferred = shape_inference.infer_shapes(_light_copy(model), **kw)
+    del g.value_info[:]
+    g.value_info.extend(inferred.graph.value_info)
+    for out, found in zip(g.output, inferred.graph.output):
+        out.type.CopyFrom(found.type)
+    return model
+
+
+def _large(t: onnx.TensorProto) -> bool:
+    return len(t.raw_data) > LIGHT_BYTES or bool(t.external_data)
+
+
+def _light_copy(model: onnx.ModelProto, large_as_inputs: bool = False) -> onnx.ModelProto:
+    """``model`` without the data of its large initializers: dims-only stubs (for shape inference), or typed
+    graph inputs of the same names (``large_as_inputs``: for passes that must not touch them)."""
+    g = model.graph
+    light = onnx.ModelProto()
+    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        setattr(light, field, getattr(model, field))
+    light.opset_import.extend(model.opset_import)
+    lg = light.graph
+    lg.name = g.name
+    lg.node.extend(g.node)
+    lg.input.extend(g.input)
+    lg.output.extend(g.output)
+    lg.value_info.extend(g.value_info)
+    for t in g.initializer:
+        if not _large(t):
+            lg.initializer.append(t)
+            continue
+        if large_as_inputs:
+            lg.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+            continue
+        stub = lg.initializer.add()  # dims and type only: a tensor of the same shape, its data "external"
+        stub.name, stub.data_type = t.name, t.data_type
+        stub.dims.extend(t.dims)
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        entry = stub.external_data.add()
+        entry.key, entry.value = "location", "edgeplan-shape-inference-stub"
+    return light
+
+
 def _fold(model: onnx.ModelProto) -> onnx.ModelProto:
     import onnx_graphsurgeon as gs
 
@@ -394,14 +503,13 @@ def canonicalise(
         o.type.tensor_type.ClearField("shape")
     try:
         for _ in range(2):
-            model = shape_inference.infer_shapes(model, data_prop=True)
-            model = _fold(model)
+            model = _fold(_infer_shapes(model, data_prop=True))
         _bypass_identities(model)
         _fold_conv_affine(model)
         _two_input_sum_to_add(model)
         _explicit_pool_padding(model)
         del model.graph.value_info[:]
-        model = shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+        model = _infer_shapes(model, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
         raise UnsupportedModelError(f"{source}: shape inference failed ({e}).") from e
     _check_static(model, source)
