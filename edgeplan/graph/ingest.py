@@ -166,7 +166,8 @@ def _stateless_keras(held: list, sig, nchw) -> onnx.ModelProto:
     GB for VGG16's 553 MB): its ``stateless_call`` is converted with every variable as a function input,
     so the converted graph holds no weights; the weights become initializers afterwards, the Keras model is
     freed, the constant subgraphs they feed (batch-norm scales, kernel layouts) are folded on the ONNX graph,
-    and then tf2onnx's optimizer (transpose cancellation, ...) runs on it with the constants known."""
+    and then tf2onnx's optimizer (transpose cancellation, ...) runs on a copy without the large tensors.
+    VGG16: 26 s and 3.3 GB above the libraries' baseline, against 84 s and 7.7 GB frozen (OOM with grappler)."""
     import tensorflow as tf
     import tf2onnx
     from onnx import numpy_helper
