@@ -185,7 +185,7 @@ def print_device_check(rows: list[dict], base: Path, seconds: float) -> None:
                "requests", "from"),
               right=("rev", "rate/s", "point", "cores", "predicted ms", "runtime ms", "client ms", "requests"))
     for r in rows:
-        flag = "" if r["agrees"] else " [yellow]![/]"
+        flag = " [yellow]![/]" if r["runtime_ms"] is not None and not r["agrees"] else ""
         t.add_row(r["deployment"], str(r["revision"]), r["model"], f"{r['rate']:g}", str(r["point"]), str(r["cores"]),
                   ms(r["predicted_ms"]), ms(r["runtime_ms"]) + flag, ms(r["measured_ms"]),
                   f"{r['requests']}" + (f" ({r['failed']} failed)" if r["failed"] else ""), r["figures"])

@@ -379,14 +379,15 @@ def _fold_conv_affine(model: onnx.ModelProto) -> None:
             other = op.input[1] if op.input[0] == out else op.input[0]
             if other not in inits:  # (a constant several nodes share stays for the others)
                 continue
-            w = numpy_helper.to_array(inits[conv.input[1]])
-            c = numpy_helper.to_array(inits[other])
-            o = w.shape[0]
-            # per output channel: broadcast against the (N, C, spatial...) output, every axis but C has size 1
-            dims = (1,) * (w.ndim - c.ndim) + c.shape
-            if c.dtype != w.dtype or c.ndim > w.ndim or any(d != 1 for k, d in enumerate(dims) if k != 1) \
-                    or dims[1] not in (1, o):
+            wt, ct = inits[conv.input[1]], inits[other]
+            o, rank = wt.dims[0], len(wt.dims)
+            # per output channel: broadcast against the (N, C, spatial...) output, every axis but C has size 1;
+            # checked on the dims, before any tensor is decoded
+            dims = (1,) * (rank - len(ct.dims)) + tuple(ct.dims)
+            if ct.data_type != wt.data_type or len(ct.dims) > rank \
+                    or any(d != 1 for k, d in enumerate(dims) if k != 1) or dims[1] not in (1, o):
                 continue
+            w, c = numpy_helper.to_array(wt), numpy_helper.to_array(ct)
             c = np.broadcast_to(c.reshape(-1), (o,)).astype(w.dtype)
             b = (numpy_helper.to_array(inits[conv.input[2]]) if len(conv.input) > 2 and conv.input[2]
                  else np.zeros(o, w.dtype))

@@ -48,14 +48,27 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def info(home: Path) -> dict | None:
-    """The running server's record ({url, pid, port, started}), None when none answers."""
+def _record(home: Path) -> dict | None:
+    """``server.json`` as written by a supervisor ({url, pid, port, started, idle_s}), None if absent or bad."""
     try:
         rec = json.loads((Path(home) / "server.json").read_text())
-        url, pid = str(rec["url"]), int(rec["pid"])
+        rec["url"], rec["pid"] = str(rec["url"]), int(rec["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return rec if _alive(pid) and _healthy(url) else None
+    return rec
+
+
+def _supervisor_pid(home: Path) -> int | None:
+    try:
+        return int((Path(home) / "supervisor.pid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def info(home: Path) -> dict | None:
+    """The running server's record ({url, pid, port, started}), None when none answers."""
+    rec = _record(home)
+    return rec if rec is not None and _alive(rec["pid"]) and _healthy(rec["url"]) else None
 
 
 @contextlib.contextmanager
@@ -99,19 +112,15 @@ def ensure(home: Path, idle_s: float, timeout_s: float = 180.0, progress=None) -
                                     start_new_session=True)  # cwd: no ./edgeplan of the caller's shadows ours
         proc.wait()  # the launcher exits at once; the supervisor it forked is nobody's child (no zombie here)
         deadline = time.monotonic() + timeout_s
-        pid_file = home / "supervisor.pid"
         while time.monotonic() < deadline:
             rec = info(home)
             if rec is not None:
                 return rec["url"]
-            try:
-                pid = int(pid_file.read_text())
-            except (OSError, ValueError):
-                pid = None
+            pid = _supervisor_pid(home)
             if proc.returncode != 0 or (pid is not None and not _alive(pid)):
                 break
             time.sleep(0.25)
-        pid = int(pid_file.read_text()) if pid_file.is_file() else None
+        pid = _supervisor_pid(home)
         alive = pid is not None and _alive(pid)
         why = f"did not answer within {timeout_s:.0f} s" if alive else "exited"
         if alive:
@@ -125,10 +134,10 @@ def stop(home: Path, timeout_s: float = 60.0) -> bool:
     """Stop the local server in ``home`` once running ``edgeplan run``s have finished (waits up to
     ``timeout_s`` for it); False when none was running."""
     home = Path(home)
-    try:
-        pid = int(json.loads((home / "server.json").read_text())["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
+    rec = _record(home)
+    if rec is None:
         return False
+    pid = rec["pid"]
     if not _alive(pid):
         (home / "server.json").unlink(missing_ok=True)
         return False
@@ -200,10 +209,9 @@ def supervise(home: Path, idle_s: float) -> int:
 
 
 def _unpublish(home: Path) -> None:
-    rec = home / "server.json"
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        if json.loads(rec.read_text())["pid"] == os.getpid():
-            rec.unlink()
+    rec = _record(home)
+    if rec is not None and rec["pid"] == os.getpid():
+        (home / "server.json").unlink(missing_ok=True)
 
 
 def _terminate(server: subprocess.Popen) -> None:

@@ -49,17 +49,6 @@ def tree_rss(pid: int | None = None) -> int:
     return total
 
 
-def available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (what can be allocated without swapping), None when unknown."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return None
-
-
 @dataclass(frozen=True)
 class StageMemory:
     stage: str
