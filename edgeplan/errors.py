@@ -57,6 +57,10 @@ class PlanError(EdgeplanError):
     """No plan can be made: no stable configuration at the given rates, or the deployment is inconsistent."""
 
 
+class MemoryBudgetError(PlanError):
+    """A memory budget (FlashMem's M_peak) below what some layer needs however the plan streams."""
+
+
 class StoreError(EdgeplanError):
     """The object store cannot be reached or refused an operation; the message names the store and the key."""
 

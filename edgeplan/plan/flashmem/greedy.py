@@ -1,0 +1,55 @@
+"""Greedy latest-fit: the last tier of C4 (FlashMem §3.2 "greedy heuristic backup").
+
+Weights in the order of use; each segment is built at the latest layer before its use whose shadow holds
+the build, and its chunks are read as late as the layers' remaining capacity and the memory headroom allow,
+walking back from the build layer. What no layer can absorb is read at the build layer anyway (over
+capacity: a stall the plan reports); a weight with no layer before it, or whose reads would break M_peak
+everywhere, is preloaded.
+"""
+from __future__ import annotations
+
+from edgeplan.plan.flashmem.plan import Ledger, Load, WeightPlan
+from edgeplan.plan.flashmem.problem import Problem
+
+
+def place(problem: Problem, ledger: Ledger, ws: list[int]) -> list[WeightPlan]:
+    """Plans for ``ws``; ``ledger`` is left untouched (the caller commits)."""
+    book = ledger.copy()
+    out = []
+    for i in sorted(ws):
+        w = _one(problem, book, i)
+        book.commit(w)
+        out.append(w)
+    return out
+
+
+def _one(problem: Problem, book: Ledger, i: int) -> WeightPlan:
+    layer = problem.layers[i]
+    t, ck, pk = problem.chunks(i), problem.chunk_kib(i), problem.packed_kib(i)
+    preload = WeightPlan(i, layer.name, layer.weight_bytes, t, True)
+    loads = list(problem.load_layers(i))
+    if not loads:
+        return preload
+
+    def headroom(ell: int) -> int:  # KiB that can stay resident from layer ell until layer i
+        return min(book.mem_room(k) for k in range(ell, i + 1))
+
+    build = next((ell for ell in reversed(loads)
+                  if book.build_room(ell) >= problem.build_us(i) and headroom(ell) >= pk + t * ck), loads[-1])
+    if headroom(build) < pk + t * ck:
+        return preload
+    taken: dict[int, int] = {}
+    left = t
+    for ell in reversed([k for k in loads if k <= build]):
+        if not left:
+            break
+        # chunks taken at later layers stay resident through this layer's range too: count them against it
+        room = min(book.read_room(ell), headroom(ell) - pk - (t - left) * ck) // ck
+        n = max(0, min(left, room))
+        if n:
+            taken[ell] = n
+            left -= n
+    if left:  # beyond every layer's capacity: read at the build layer, over capacity
+        taken[build] = taken.get(build, 0) + left
+    return WeightPlan(i, layer.name, layer.weight_bytes, t, False,
+                      tuple(Load(ell, taken[ell]) for ell in sorted(taken)), build)

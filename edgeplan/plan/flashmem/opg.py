@@ -1,0 +1,145 @@
+"""OPG / LC-OPG as a CP-SAT model for the weights of one rolling window (FlashMem §3.1–3.2).
+
+Variables per weight w (consumed at layer i_w, L(w) the window's layers before it):
+  p_w in {0,1} — w in W (preloaded); x_{w,l} in 0..T(w) — chunks read at layer l; y_{w,l} in {0,1} — its
+  segment built at l; e_{w,l} = [z_w <= l] — z_w order-encoded (``paper`` objective only).
+Constraints, numbered as the paper:
+  (C0) T(w)·p_w + sum_l x_{w,l} = T(w), and p_w + sum_l y_{w,l} = 1, every chunk read by the build layer;
+  (C1) x_{w,l} >= 1 => z_w <= l, i.e. x_{w,l} <= T(w)·e_{w,l}, e monotone in l;
+  (C2) resident KiB at every layer l (weights read, built or preloaded, not yet used; plus what earlier
+       windows committed) <= M_peak;
+  (C3) sum_w x_{w,l}·chunk <= C_l and sum_w y_{w,l}·build <= the build shadow of l (hard, or with a
+       penalised slack in the soft tier of C4).
+Objectives (λ in per-mille, memory in KiB):
+  ``paper``    λ·sum_{w in W} |w| + (1-λ)·sum_w |w|·(i_w - z_w)             (§3.1.1, bytes-weighted)
+  ``resident`` λ·sum_{w in W} |w| + (1-λ)·sum_{w,l} (x_{w,l}·chunk + y_{w,l}·packed)·(i_w - l)   (linear)
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from edgeplan.errors import PlanError
+from edgeplan.plan.flashmem.plan import Ledger, Load, WeightPlan
+from edgeplan.plan.flashmem.problem import Problem
+
+
+@dataclass(frozen=True)
+class WindowSolve:
+    status: str  # OPTIMAL | FEASIBLE | INFEASIBLE | UNKNOWN | MODEL_INVALID
+    weights: tuple[WeightPlan, ...]  # empty unless OPTIMAL or FEASIBLE
+    objective: float | None
+    bound: float | None
+    seconds: float
+
+    @property
+    def solved(self) -> bool:
+        return self.status in ("OPTIMAL", "FEASIBLE")
+
+    @property
+    def gap(self) -> float | None:
+        if self.objective is None or self.bound is None:
+            return None
+        return 0.0 if self.objective <= 0 else max(0.0, (self.objective - self.bound) / self.objective)
+
+
+def _cp_model():
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError as e:  # the runtime never plans; the pipeline extra installs OR-Tools
+        raise PlanError("FlashMem planning needs OR-Tools (CP-SAT), which is not installed: "
+                        "pip install -e '.[pipeline]'") from e
+    return cp_model
+
+
+def solve(problem: Problem, ledger: Ledger, ws: list[int], *, soft: bool = False,
+          preload: frozenset[int] = frozenset()) -> WindowSolve:
+    """Place the weights ``ws`` (layer indices) given what ``ledger`` holds already; ``preload`` fixes p_w."""
+    cp_model = _cp_model()
+    t0 = time.perf_counter()
+    m = cp_model.CpModel()
+    lam = round(problem.lam * 1000)
+    var: dict[int, tuple] = {}
+    objective = []
+    lo = min(problem.load_layers(i).start for i in ws)  # before lo only preloads of this window are resident
+    arriving: dict[int, list] = {}  # layer -> KiB that becomes resident at it (reads, builds)
+    reads: dict[int, list] = {}
+    builds: dict[int, list] = {}
+    preloads = []
+    for i in ws:
+        t, ck, pk, full = problem.chunks(i), problem.chunk_kib(i), problem.packed_kib(i), problem.full_kib(i)
+        loads = list(problem.load_layers(i))
+        p = m.NewBoolVar(f"p{i}")
+        if not loads or i in preload:
+            m.Add(p == 1)
+        x = {ell: m.NewIntVar(0, t, f"x{i}_{ell}") for ell in loads}
+        y = {ell: m.NewBoolVar(f"y{i}_{ell}") for ell in loads}
+        m.Add(t * p + sum(x.values()) == t)  # (C0)
+        m.Add(p + sum(y.values()) == 1)
+        for k in loads:  # every chunk read by the layer that builds the segment
+            m.Add(x[k] <= t * sum(y[j] for j in loads if j >= k))
+        objective.append(lam * t * ck * p)
+        if problem.objective == "paper":
+            e = {ell: m.NewBoolVar(f"e{i}_{ell}") for ell in loads}
+            for a, b in zip(loads, loads[1:]):
+                m.Add(e[a] <= e[b])  # order encoding of z_w
+            for ell in loads:
+                m.Add(x[ell] <= t * e[ell])  # (C1)
+            objective.append((1000 - lam) * t * ck * sum(e.values()))
+        else:
+            objective.append((1000 - lam) * sum((x[ell] * ck + y[ell] * pk) * (i - ell) for ell in loads))
+        for ell in loads:
+            reads.setdefault(ell, []).append(x[ell] * ck)
+            arriving.setdefault(ell, []).extend((x[ell] * ck, y[ell] * pk))
+            if problem.build_us(i):
+                builds.setdefault(ell, []).append(y[ell] * problem.build_us(i))
+        preloads.append(p * full)
+        var[i] = (p, x, y)
+    # (C2) as a running total: resident(l) = resident(l-1) + what arrives at l - the weight used at l-1
+    # (a weight is complete when used: exactly full_kib of it leaves), so the model stays linear in size
+    total = sum(problem.full_kib(i) for i in ws)
+    if lo > 0:
+        m.Add(sum(preloads) <= max(0, min(ledger.mem_room(ell) for ell in range(lo))))
+    prev = None
+    for ell in range(lo, max(ws) + 1):
+        r = m.NewIntVar(0, total, f"r{ell}")
+        arrived = sum(arriving.get(ell, []))
+        if prev is None:
+            m.Add(r == sum(preloads) + arrived)
+        else:
+            gone = problem.full_kib(ell - 1) if ell - 1 in var else 0
+            m.Add(r == prev + arrived - gone)
+        m.Add(r <= max(0, ledger.mem_room(ell)))
+        prev = r
+    penalty = 1000 * (problem.lookback + 2)  # an over-capacity KiB (or build µs) outweighs any placement
+    for rooms, table in ((ledger.read_room, reads), (ledger.build_room, builds)):
+        for ell, terms in table.items():
+            room = max(0, rooms(ell))
+            if soft:
+                slack = m.NewIntVar(0, max(total, sum(problem.build_us(i) for i in ws)), f"s{id(table)}_{ell}")
+                m.Add(sum(terms) <= room + slack)
+                objective.append(penalty * slack)
+            else:
+                m.Add(sum(terms) <= room)  # (C3)
+    m.Minimize(sum(objective))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = problem.workers
+    solver.parameters.max_time_in_seconds = problem.time_limit_s
+    solver.parameters.random_seed = 0
+    code = solver.Solve(m)
+    status = solver.StatusName(code)
+    seconds = time.perf_counter() - t0
+    if status not in ("OPTIMAL", "FEASIBLE"):
+        return WindowSolve(status, (), None, None, seconds)
+    out = []
+    for i in ws:
+        p, x, y = var[i]
+        layer = problem.layers[i]
+        if solver.Value(p):
+            out.append(WeightPlan(i, layer.name, layer.weight_bytes, problem.chunks(i), True))
+            continue
+        loads = tuple(Load(ell, int(solver.Value(v))) for ell, v in x.items() if solver.Value(v))
+        build = next(ell for ell, v in y.items() if solver.Value(v))
+        out.append(WeightPlan(i, layer.name, layer.weight_bytes, problem.chunks(i), False, loads, build))
+    return WindowSolve(status, tuple(out), solver.ObjectiveValue() / 1000, solver.BestObjectiveBound() / 1000,
+                       seconds)

@@ -1,0 +1,132 @@
+"""The overlap plan of one CPU model (FlashMem §3: W, z_w, x_{w,l}) and its bookkeeping.
+
+Stdlib only: the device runtime reads this record to schedule its loader thread; the solver (OR-Tools)
+is in ``opg``/``lcopg``, on the pipeline side.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgeplan.artifacts import _FIELD_TYPES, _Record
+from edgeplan.plan.flashmem.problem import KIB, Problem
+
+
+@dataclass(frozen=True)
+class Load:
+    layer: int  # the loader reads these chunks while this layer runs
+    chunks: int
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """One weight w: preloaded (in W), or read in ``loads`` (x_{w,l}, z_w = the first) and built at
+    ``build_layer``, ahead of its layer i_w = ``layer``."""
+
+    layer: int
+    name: str
+    bytes: int
+    chunks: int
+    preload: bool
+    loads: tuple[Load, ...] = ()
+    build_layer: int | None = None
+
+    @property
+    def z(self) -> int | None:
+        return self.loads[0].layer if self.loads else None
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """One rolling window of LC-OPG: the tier that produced it (C4) and why, the solver's figures."""
+
+    first: int  # layers [first, last] whose weights this window placed
+    last: int
+    weights: int
+    tier: str  # strict | soft-capacity | incremental-preload | greedy-latest-fit
+    why: str
+    status: str  # CP-SAT status of the solve kept (OPTIMAL, FEASIBLE, ...) or GREEDY
+    objective: float | None
+    bound: float | None
+    gap: float | None  # (objective - bound) / objective, a fraction
+    seconds: float
+
+
+@dataclass(frozen=True)
+class OverlapPlan(_Record):
+    objective: str
+    lam: float
+    chunk_bytes: int
+    m_peak: int
+    window: int
+    packed_factor: float
+    weights: tuple[WeightPlan, ...]
+    windows: tuple[WindowStats, ...]
+    resident_bytes: tuple[int, ...]  # predicted, per layer: a prediction beside the measured RSS
+    preload_bytes: int
+    over_capacity_bytes: int  # reads beyond C_l (soft tier or greedy): where a stall is expected
+    over_build_ms: float  # builds beyond a layer's shadow
+    schema_version: int = 1
+
+    @property
+    def peak_resident_bytes(self) -> int:
+        return max(self.resident_bytes, default=0)
+
+
+_FIELD_TYPES.update({("WeightPlan", "loads"): Load, ("OverlapPlan", "weights"): WeightPlan,
+                     ("OverlapPlan", "windows"): WindowStats})
+
+
+class Ledger:
+    """What committed weights use at each layer: resident KiB, KiB read, build microseconds."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        n = problem.n
+        self.mem = [0] * n
+        self.read = [0] * n
+        self.build = [0] * n
+
+    def commit(self, w: WeightPlan) -> None:
+        p, i = self.problem, w.layer
+        if w.preload:
+            for ell in range(i + 1):
+                self.mem[ell] += p.full_kib(i)
+            return
+        ck = p.chunk_kib(i)
+        for load in w.loads:
+            self.read[load.layer] += load.chunks * ck
+            for ell in range(load.layer, i + 1):
+                self.mem[ell] += load.chunks * ck
+        if w.build_layer is not None:
+            self.build[w.build_layer] += p.build_us(i)
+            for ell in range(w.build_layer, i + 1):
+                self.mem[ell] += p.packed_kib(i)
+
+    def copy(self) -> "Ledger":
+        out = Ledger.__new__(Ledger)
+        out.problem, out.mem, out.read, out.build = self.problem, list(self.mem), list(self.read), list(self.build)
+        return out
+
+    def mem_room(self, ell: int) -> int:
+        return self.problem.m_peak_kib - self.mem[ell]
+
+    def read_room(self, ell: int) -> int:
+        return self.problem.capacity_kib(ell) - self.read[ell]
+
+    def build_room(self, ell: int) -> int:
+        return self.problem.capacity_build_us(ell) - self.build[ell]
+
+
+def finish(problem: Problem, weights: list[WeightPlan], windows: list[WindowStats]) -> OverlapPlan:
+    """The plan record with its predicted residency and the over-capacity it accepted."""
+    ledger = Ledger(problem)
+    for w in weights:
+        ledger.commit(w)
+    over_read = sum(max(0, -ledger.read_room(ell)) for ell in range(problem.n))
+    over_build = sum(max(0, -ledger.build_room(ell)) for ell in range(problem.n))
+    return OverlapPlan(
+        objective=problem.objective, lam=problem.lam, chunk_bytes=problem.chunk_bytes, m_peak=problem.m_peak,
+        window=problem.window, packed_factor=problem.packed_factor, weights=tuple(weights),
+        windows=tuple(windows), resident_bytes=tuple(m * KIB for m in ledger.mem),
+        preload_bytes=sum(w.bytes for w in weights if w.preload), over_capacity_bytes=over_read * KIB,
+        over_build_ms=over_build / 1000)

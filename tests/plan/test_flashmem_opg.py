@@ -1,0 +1,179 @@
+"""FlashMem's OPG / LC-OPG against a brute-force oracle that enumerates every plan of small instances.
+
+The oracle computes residency, capacity use and both objectives from the definitions (FlashMem §3.1–3.2,
+the CPU analogue in ``plan/flashmem/problem.py``), independently of the solver's encoding and of ``Ledger``.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edgeplan.errors import MemoryBudgetError
+from edgeplan.plan.flashmem import greedy, lcopg, opg
+from edgeplan.plan.flashmem.plan import Ledger, Load, OverlapPlan, WeightPlan
+from edgeplan.plan.flashmem.problem import Layer, Problem
+
+S = 2048  # chunk bytes; weights of 1, 2 or 4 KiB are 1, 1 or 2 chunks of exactly 1, 2, 2 KiB
+
+
+def _chunks(b: int) -> int:
+    return -(-b // S)
+
+
+def _options(p: Problem, i: int):
+    """Every plan of layer i's weight: preloaded, or a build layer and a spread of its chunks before it."""
+    b = p.layers[i].weight_bytes
+    t = _chunks(b)
+    yield WeightPlan(i, p.layers[i].name, b, t, True)
+    loads = list(range(max(0, i - p.lookback), i))
+    for build in loads:
+        span = [ell for ell in loads if ell <= build]
+        for spread in itertools.product(range(t + 1), repeat=len(span)):
+            if sum(spread) == t:
+                got = tuple(Load(ell, n) for ell, n in zip(span, spread) if n)
+                yield WeightPlan(i, p.layers[i].name, b, t, False, got, build)
+
+
+def _evaluate(p: Problem, plans: list[WeightPlan]):
+    """(resident KiB, read KiB, build ms) per layer, and both objectives, from the definitions."""
+    n = p.n
+    mem, read, build = [0.0] * n, [0.0] * n, [0.0] * n
+    paper = resident = 0.0
+    for w in plans:
+        kib = w.bytes / 1024
+        chunk = kib / w.chunks
+        packed = p.packed_factor * kib
+        if w.preload:
+            for ell in range(w.layer + 1):
+                mem[ell] += kib + packed
+            paper += p.lam * kib
+            resident += p.lam * kib
+            continue
+        for load in w.loads:
+            read[load.layer] += load.chunks * chunk
+            for ell in range(load.layer, w.layer + 1):
+                mem[ell] += load.chunks * chunk
+            resident += (1 - p.lam) * load.chunks * chunk * (w.layer - load.layer)
+        build[w.build_layer] += p.layers[w.layer].build_ms
+        for ell in range(w.build_layer, w.layer + 1):
+            mem[ell] += packed
+        resident += (1 - p.lam) * packed * (w.layer - w.build_layer)
+        paper += (1 - p.lam) * kib * (w.layer - w.z)
+    return mem, read, build, {"paper": paper, "resident": resident}
+
+
+def _feasible(p: Problem, mem, read, build) -> bool:
+    return all(mem[ell] <= p.m_peak / 1024 + 1e-9 and read[ell] <= p.layers[ell].capacity_chunks * S / 1024 + 1e-9
+               and build[ell] <= p.layers[ell].capacity_build_ms + 1e-9 for ell in range(p.n))
+
+
+def _brute_force(p: Problem) -> float | None:
+    best = None
+    weights = [i for i in range(p.n) if p.layers[i].weight_bytes]
+    for combo in itertools.product(*(list(_options(p, i)) for i in weights)):
+        mem, read, build, obj = _evaluate(p, list(combo))
+        if _feasible(p, mem, read, build) and (best is None or obj[p.objective] < best - 1e-9):
+            best = obj[p.objective]
+    return best
+
+
+@st.composite
+def problems(draw, max_layers: int = 4, below: int = 0):
+    n = draw(st.integers(2, max_layers))
+    layers = tuple(Layer(
+        f"l{i}", draw(st.sampled_from([0, 1024, 2048, 4096])), 1.0,
+        draw(st.sampled_from(["elemental", "reusable", "hierarchical"])),
+        draw(st.sampled_from([0, 1, 2, 2, 3])), float(draw(st.sampled_from([0, 1, 2, 2]))),
+        build_ms=float(draw(st.integers(0, 1))))
+        for i in range(n))
+    need = [2 * layer.weight_bytes // 1024 for layer in layers] + [0]
+    floor = max(a + b for a, b in zip(need, need[1:]))  # below it no plan exists (``check_budget``)
+    m_peak = 1024 * draw(st.integers(max(1, floor - below), max(1, floor - below, sum(need))))
+    return Problem(layers, S, m_peak, lam=draw(st.sampled_from([0.1, 0.5, 0.9])),
+                   objective=draw(st.sampled_from(["paper", "resident"])), window=n,
+                   lookback=draw(st.integers(1, n)), time_limit_s=20)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(problems())
+def test_one_window_matches_the_brute_force_optimum(p):
+    weights = [i for i in range(p.n) if p.layers[i].weight_bytes]
+    if not weights:
+        return
+    want = _brute_force(p)
+    got = opg.solve(p, Ledger(p), weights)
+    if want is None:
+        assert got.status == "INFEASIBLE"
+        return
+    assert got.status == "OPTIMAL"
+    mem, read, build, obj = _evaluate(p, list(got.weights))
+    assert _feasible(p, mem, read, build)
+    assert obj[p.objective] == pytest.approx(want, abs=1e-6)
+    assert got.objective == pytest.approx(want, abs=1e-6)  # the solver's units are KiB: the same number
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(problems(max_layers=6, below=2))
+def test_every_plan_keeps_m_peak_and_reports_what_it_exceeds(p):
+    """Any tier, any window size: each weight complete (C0), resident bytes within M_peak (C2), and the plan's
+    predicted residency and over-capacity equal to the oracle's."""
+    try:
+        plan = lcopg.plan(Problem(**{**p.__dict__, "window": 2}))
+    except MemoryBudgetError:
+        assert any(_need(p, i) + _need(p, i + 1) > p.m_peak for i in range(p.n - 1)) or _need(p, p.n - 1) > p.m_peak
+        return
+    assert [w.layer for w in plan.weights] == [i for i in range(p.n) if p.layers[i].weight_bytes]
+    for w in plan.weights:
+        assert w.preload or sum(load.chunks for load in w.loads) == w.chunks
+        assert w.preload or all(load.layer <= w.build_layer < w.layer for load in w.loads)
+    mem, read, build, _ = _evaluate(p, list(plan.weights))
+    assert [m * 1024 for m in mem] == list(plan.resident_bytes)
+    assert max(mem) * 1024 <= p.m_peak
+    over = sum(max(0.0, read[ell] - p.layers[ell].capacity_chunks * S / 1024) for ell in range(p.n))
+    assert plan.over_capacity_bytes == over * 1024
+    assert OverlapPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+
+
+def _need(p: Problem, i: int) -> float:
+    return (1 + p.packed_factor) * p.layers[i].weight_bytes
+
+
+def test_rolling_windows_stay_within_the_global_optimum_gap_and_name_each_window():
+    layers = tuple(Layer(f"l{i}", [4096, 0, 2048, 1024][i % 4], 1.0, "reusable", 1, 2.0, build_ms=1.0)
+                   for i in range(24))
+    p = Problem(layers, S, m_peak=16 * 1024, lam=0.9, objective="resident", window=6, lookback=4)
+    plan = lcopg.plan(p)
+    assert [(w.first, w.last) for w in plan.windows] == [(0, 5), (6, 11), (12, 17), (18, 23)]
+    assert all(w.tier == "strict" and w.status == "OPTIMAL" for w in plan.windows)
+    whole = lcopg.plan(Problem(**{**p.__dict__, "window": 24}))
+    assert whole.windows[0].status == "OPTIMAL"
+    _, _, _, rolled = _evaluate(p, list(plan.weights))
+    _, _, _, best = _evaluate(p, list(whole.weights))
+    assert best["resident"] <= rolled["resident"] + 1e-9  # one window sees everything: never worse
+
+
+def test_no_capacity_falls_to_the_soft_tier_and_says_why():
+    layers = tuple(Layer(f"l{i}", 4096, 1.0, "hierarchical", 0, 0.0) for i in range(5))
+    p = Problem(layers, S, m_peak=16 * 1024, lam=0.9, objective="resident", window=5)
+    plan = lcopg.plan(p)
+    (window,) = plan.windows
+    assert window.tier == "soft-capacity" and "strict INFEASIBLE" in window.why
+    assert plan.over_capacity_bytes > 0 and plan.peak_resident_bytes <= p.m_peak
+
+
+def test_greedy_latest_fit_reads_late_and_within_capacity_when_it_can():
+    layers = tuple(Layer(f"l{i}", 2048 if i % 2 else 0, 1.0, "reusable", 1, 1.0) for i in range(6))
+    p = Problem(layers, S, m_peak=64 * 1024, window=6)
+    got = greedy.place(p, Ledger(p), [1, 3, 5])
+    assert got[0].preload is False and got[0].loads == (Load(0, 1),) and got[0].build_layer == 0
+    assert [w.loads for w in got[1:]] == [(Load(2, 1),), (Load(4, 1),)]
+
+
+def test_m_peak_below_two_neighbouring_weights_names_the_layer_and_the_split():
+    layers = (Layer("conv", 1 << 20, 1.0, "reusable", 1, 1.0), Layer("fc1", 100 << 20, 1.0, "reusable", 1, 1.0))
+    with pytest.raises(MemoryBudgetError, match=r"layer 1 \(fc1\) holds 100.0 MiB.*splitting fc1 .* into \d+ parts"):
+        lcopg.plan(Problem(layers, 1 << 20, m_peak=64 << 20))
