@@ -24,8 +24,15 @@ log = logging.getLogger(__name__)
 
 def plan(problem: Problem, progress: Callable[[int, int], None] | None = None) -> OverlapPlan:
     """The overlap plan; ``progress(done_layers, layers)`` after each window. Raises ``MemoryBudgetError``
-    when no plan can meet M_peak, ``PlanError`` when OR-Tools is missing."""
+    when no plan can meet M_peak, ``PlanError`` when OR-Tools is missing. In a process that has imported
+    TensorFlow the whole plan is made in ``opg``'s solver process (see ``opg.isolated``)."""
     check_budget(problem)
+    if opg.must_isolate():
+        return opg.isolated(_plan, problem)
+    return _plan(problem, progress)
+
+
+def _plan(problem: Problem, progress: Callable[[int, int], None] | None = None) -> OverlapPlan:
     ledger = Ledger(problem)
     weights: list[WeightPlan] = []
     windows: list[WindowStats] = []

@@ -1,0 +1,250 @@
+"""Streamed int8 execution (FlashMem §4, the CPU analogue): a loader thread reads each segment's blob in
+planned pieces (``pread``: the GIL is released) when the compute thread reaches the planned position, checks
+its sha256 and builds its interpreter (which holds the GIL) in the shadow of an invoke; the compute thread
+invokes the segments in order and drops each after use. numpy + ai-edge-litert + the standard library.
+
+Modes (``schedule``): ``serial`` (each segment read and built when its turn comes: no overlap),
+``always-next`` (segment k+1 read and built while k runs), ``same-op-type`` (read ahead to the next segment
+whose lead op has the same kind as the running one, FlashMem Fig. 9's baseline), ``plan`` (the overlap plan's
+reads and builds). ``preload`` (the whole model in one interpreter) is ``run_preloaded``.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgeplan.errors import EdgeplanError
+from edgeplan.plan.flashmem.plan import OverlapPlan
+
+MODES = ("serial", "always-next", "same-op-type", "plan")
+
+
+class StreamError(EdgeplanError):
+    """A streamed segment cannot run: its blob is missing, short, or not the bytes its hash names."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One streaming segment: its blob, hash, size and kind, and the layers of the plan it runs."""
+
+    path: Path
+    sha256: str
+    size: int
+    op: str
+    first_layer: int
+    last_layer: int
+    inputs: tuple[str, ...] = ()  # the activations it reads (boundary tensor names)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the loader does for one segment: ``reads`` = (position, bytes) pieces in order, and the position
+    whose invoke shadows the build (-1: before the run starts, i.e. preloaded)."""
+
+    reads: tuple[tuple[int, int], ...]
+    build: int
+
+
+@dataclass
+class SegmentLog:
+    planned_build: int
+    built_at: int = -2  # the compute position when the build finished (-1: before the run)
+    read_ms: float = 0.0
+    build_ms: float = 0.0
+    stall_ms: float = 0.0
+    invoke_ms: float = 0.0
+
+
+@dataclass
+class RunLog:
+    mode: str
+    segments: list[SegmentLog] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def stall_ms(self) -> float:
+        return sum(s.stall_ms for s in self.segments)
+
+
+def schedule(segments: list[Segment], mode: str, plan: OverlapPlan | None = None) -> list[Step]:
+    """The loader's steps for ``mode`` (positions are segment indices)."""
+    if mode not in MODES:
+        raise StreamError(f"unknown stream mode {mode!r}; choose one of {', '.join(MODES)} (or preload)")
+    n = len(segments)
+    if mode == "serial":
+        return [Step(((k, s.size),), k if k else -1) for k, s in enumerate(segments)]
+    if mode == "always-next":
+        return [Step(((max(0, k - 1), s.size),), k - 1) for k, s in enumerate(segments)]
+    if mode == "same-op-type":
+        steps = []
+        for k, s in enumerate(segments):
+            prev = [j for j in range(k) if segments[j].op == s.op]
+            at = prev[-1] if prev else max(0, k - 1)
+            steps.append(Step(((at, s.size),), at if k else -1))
+        return steps
+    if plan is None:
+        raise StreamError("stream mode 'plan' needs the model's overlap plan")
+    return _from_plan(segments, plan, n)
+
+
+def _from_plan(segments: list[Segment], plan: OverlapPlan, n: int) -> list[Step]:
+    where = {}  # plan layer -> segment position
+    for k, s in enumerate(segments):
+        for layer in range(s.first_layer, s.last_layer + 1):
+            where[layer] = k
+    by_layer = {w.layer: w for w in plan.weights}
+    steps = []
+    for k, s in enumerate(segments):
+        ws = [by_layer[i] for i in range(s.first_layer, s.last_layer + 1) if i in by_layer]
+        streamed = [w for w in ws if not w.preload]
+        if not streamed or k == 0:
+            steps.append(Step(((0, s.size),), -1))
+            continue
+        total = sum(w.chunks for w in streamed)
+        pieces: dict[int, int] = {}
+        for w in streamed:
+            for load in w.loads:
+                pos = min(where[load.layer], k - 1)
+                pieces[pos] = pieces.get(pos, 0) + load.chunks
+        reads, done = [], 0
+        for pos in sorted(pieces):
+            nbytes = s.size * pieces[pos] // total if pos != max(pieces) else s.size - done
+            reads.append((pos, nbytes))
+            done += nbytes
+        build = min(max(where[w.build_layer] for w in streamed), k - 1)
+        steps.append(Step(tuple(reads), max(build, max(pieces))))
+    return steps
+
+
+def run_preloaded(model: Path, inputs: dict[str, np.ndarray], interpreter: Callable[[bytes], object]
+                  ) -> dict[str, np.ndarray]:
+    """The ``preload`` baseline: the whole model read, built and run as one interpreter."""
+    it = interpreter(Path(model).read_bytes())
+    for d in it.get_input_details():
+        it.set_tensor(d["index"], inputs[d["name"]])
+    it.invoke()
+    return {d["name"]: it.get_tensor(d["index"]).copy() for d in it.get_output_details()}
+
+
+class Streamer:
+    """Runs ``segments`` on one request as ``steps`` say; ``interpreter(bytes)`` builds an allocated
+    interpreter (the caller picks kernels and threads)."""
+
+    def __init__(self, segments: list[Segment], steps: list[Step], interpreter: Callable[[bytes], object],
+                 mode: str = "plan"):
+        if len(segments) != len(steps):
+            raise StreamError(f"{len(steps)} loader steps for {len(segments)} segments")
+        self.segments, self.steps, self.interpreter, self.mode = segments, steps, interpreter, mode
+
+    def run(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], RunLog]:
+        log = RunLog(self.mode, [SegmentLog(s.build) for s in self.steps])
+        t0 = time.perf_counter()
+        cond = threading.Condition()
+        state = {"at": -1, "ready": {}, "error": None}
+        for k, step in enumerate(self.steps):  # preloaded: read and built before the first invoke
+            if step.build < 0:
+                state["ready"][k] = self._load(k, [n for _, n in step.reads], log.segments[k], -1)
+        loader = threading.Thread(target=self._loader, args=(cond, state, log), name="edgeplan-stream-loader",
+                                  daemon=True)
+        loader.start()
+        live = dict(inputs)
+        last_use = self._last_use()
+        out: dict[str, np.ndarray] = {}
+        try:
+            for k in range(len(self.segments)):
+                t = time.perf_counter()
+                with cond:
+                    state["at"] = k
+                    cond.notify_all()
+                    while k not in state["ready"] and state["error"] is None:
+                        cond.wait()
+                    if state["error"] is not None:
+                        raise state["error"]
+                    it = state["ready"].pop(k)
+                log.segments[k].stall_ms = (time.perf_counter() - t) * 1000
+                t = time.perf_counter()
+                for d in it.get_input_details():
+                    it.set_tensor(d["index"], live[d["name"]])
+                it.invoke()
+                out = {d["name"]: it.get_tensor(d["index"]).copy() for d in it.get_output_details()}
+                log.segments[k].invoke_ms = (time.perf_counter() - t) * 1000
+                del it  # the segment's interpreter, packed weights and blob bytes go now
+                live.update(out)
+                for name in [n for n, last in last_use.items() if last == k and n in live]:
+                    del live[name]
+        finally:
+            with cond:
+                state["at"] = len(self.segments)
+                cond.notify_all()
+            loader.join()
+        log.seconds = time.perf_counter() - t0
+        return out, log
+
+    def _last_use(self) -> dict[str, int]:
+        """Activation name -> the last position that reads it (dropped from the live set after it)."""
+        last: dict[str, int] = {}
+        for k, seg in enumerate(self.segments):
+            for name in seg.inputs:
+                last[name] = k
+        return last
+
+    def _loader(self, cond: threading.Condition, state: dict, log: RunLog) -> None:
+        pending = [(k, step) for k, step in enumerate(self.steps) if step.build >= 0]
+        try:
+            for k, step in pending:
+                pieces = []
+                for pos, nbytes in step.reads:
+                    self._wait(cond, state, pos)
+                    pieces.append(nbytes)
+                self._wait(cond, state, step.build)
+                if state["at"] >= len(self.segments):
+                    return
+                it = self._load(k, pieces, log.segments[k], state["at"])
+                with cond:
+                    state["ready"][k] = it
+                    cond.notify_all()
+        except Exception as e:  # handed to the compute thread, which fails the request with it
+            with cond:
+                state["error"] = e
+                cond.notify_all()
+
+    @staticmethod
+    def _wait(cond: threading.Condition, state: dict, pos: int) -> None:
+        with cond:
+            while state["at"] < pos:
+                cond.wait()
+
+    def _load(self, k: int, pieces: list[int], entry: SegmentLog, at: int):
+        seg = self.segments[k]
+        t = time.perf_counter()
+        buf = bytearray(seg.size)
+        try:
+            fd = os.open(seg.path, os.O_RDONLY)
+        except OSError as e:
+            raise StreamError(f"segment {k} ({seg.path.name}): cannot open its blob: {e.strerror}") from e
+        try:
+            offset = 0
+            for nbytes in pieces:
+                view = memoryview(buf)[offset:offset + nbytes]
+                got = os.preadv(fd, [view], offset)
+                if got != nbytes:
+                    raise StreamError(f"segment {k} ({seg.path.name}): blob is shorter than its {seg.size} bytes")
+                offset += nbytes
+        finally:
+            os.close(fd)
+        entry.read_ms = (time.perf_counter() - t) * 1000
+        if hashlib.sha256(buf).hexdigest() != seg.sha256:
+            raise StreamError(f"segment {k} ({seg.path.name}): its bytes do not match sha256 {seg.sha256[:12]}...; "
+                              "the blob is corrupt: pull the revision again")
+        t = time.perf_counter()
+        it = self.interpreter(bytes(buf))
+        entry.build_ms = (time.perf_counter() - t) * 1000
+        entry.built_at = at
+        return it

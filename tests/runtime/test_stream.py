@@ -1,0 +1,124 @@
+"""Streamed execution: every mode gives the int8 model's bits; the plan's loads happen where planned; a
+corrupt segment fails the request naming it; the streamer imports nothing heavy."""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgeplan.plan.flashmem import lcopg
+from edgeplan.plan.flashmem.plan import OverlapPlan, groups
+from edgeplan.plan.flashmem.problem import Layer, Problem
+from edgeplan.quantize import litert
+from edgeplan.quantize import stream as cutting
+from edgeplan.quantize.tflite_graph import TfliteGraph
+from edgeplan.runtime import stream
+
+INTERPRETER = partial(litert.interpreter, deterministic=False)
+
+
+@pytest.fixture(scope="module")
+def streamed(compiled, tmp_path_factory):
+    """light_squeezenet int8, its largest ops split, planned under an M_peak of a third of its weights."""
+    d, _, _ = compiled("light_squeezenet")
+    whole = (d / "model_int8.tflite").read_bytes()
+    data = cutting.split_large_ops(whole, 96 * 1024)
+    g = TfliteGraph(data)
+    ls = cutting.layers(g)
+    total = sum(layer.weight_bytes for layer in ls)
+    problem = Problem(tuple(Layer(layer.name, layer.weight_bytes, 1.0, "reusable", 2, 50.0, build_ms=1.0)
+                            for layer in ls), chunk_bytes=16 * 1024, m_peak=max(total // 3, 600 * 1024),
+                      window=20, lookback=6)
+    plan = lcopg.plan(problem)
+    root = tmp_path_factory.mktemp("stream")
+    segs = []
+    for k, ((a, b), blob) in enumerate(zip(groups(plan, len(ls)), cutting.segments(g, groups(plan, len(ls))))):
+        path = root / f"s{k}.tflite"
+        path.write_bytes(blob)
+        inputs, _ = cutting.boundary(g, ls[a].first_op, ls[b].last_op)
+        segs.append(stream.Segment(path, hashlib.sha256(blob).hexdigest(), len(blob), ls[a].op, a, b,
+                                   tuple(g.tensors[i].name for i in inputs)))
+    (root / "model.tflite").write_bytes(whole)
+    rng = np.random.default_rng(5)
+    x = {g.tensors[i].name: rng.integers(-128, 128, g.tensors[i].shape, dtype=np.int8) for i in g.inputs}
+    return root, plan, segs, x, stream.run_preloaded(root / "model.tflite", x, INTERPRETER)
+
+
+@pytest.mark.parametrize("mode", stream.MODES)
+def test_every_mode_gives_the_int8_models_bits(streamed, mode):
+    root, plan, segs, x, want = streamed
+    out, log = stream.Streamer(segs, stream.schedule(segs, mode, plan), INTERPRETER, mode).run(x)
+    assert out.keys() == want.keys()
+    for k in want:
+        np.testing.assert_array_equal(out[k], want[k])
+    assert len(log.segments) == len(segs) and all(s.invoke_ms > 0 for s in log.segments)
+
+
+def test_the_plan_streams_and_loads_where_planned(streamed):
+    root, plan, segs, x, _ = streamed
+    assert not all(w.preload for w in plan.weights) and len(segs) > 3
+    steps = stream.schedule(segs, "plan", plan)
+    assert any(s.build >= 0 for s in steps)
+    _, log = stream.Streamer(segs, steps, INTERPRETER).run(x)
+    for k, (step, entry) in enumerate(zip(steps, log.segments)):
+        assert entry.planned_build == step.build
+        if step.build < 0:
+            assert entry.built_at == -1
+        else:  # never before the planned position, and always before its own turn
+            assert step.build <= entry.built_at < k
+
+
+def test_a_corrupt_segment_fails_the_request_naming_it(streamed, tmp_path):
+    root, plan, segs, x, _ = streamed
+    k = next(k for k, s in enumerate(stream.schedule(segs, "plan", plan)) if s.build >= 0)
+    bad = tmp_path / segs[k].path.name
+    blob = bytearray(segs[k].path.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    bad.write_bytes(bytes(blob))
+    broken = list(segs)
+    broken[k] = stream.Segment(bad, segs[k].sha256, segs[k].size, segs[k].op, segs[k].first_layer,
+                               segs[k].last_layer, segs[k].inputs)
+    with pytest.raises(stream.StreamError, match=rf"segment {k} \({bad.name}\).*do not match sha256"):
+        stream.Streamer(broken, stream.schedule(broken, "plan", plan), INTERPRETER).run(x)
+
+
+THIN = r'''
+import importlib.abc, json, sys
+BLOCKED = ("tensorflow", "onnx", "onnx_graphsurgeon", "onnxruntime", "prefect", "ortools", "xgboost", "dvc", "keras")
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"heavy import blocked: {name}")
+sys.meta_path.insert(0, Block())
+from pathlib import Path
+import numpy as np
+from edgeplan.plan.flashmem.plan import OverlapPlan
+from edgeplan.quantize import litert
+from edgeplan.runtime import stream
+spec = json.loads(Path(sys.argv[1]).read_text())
+plan = OverlapPlan.from_json(spec["plan"])
+segs = [stream.Segment(Path(s[0]), s[1], s[2], s[3], s[4], s[5], tuple(s[6])) for s in spec["segments"]]
+x = {k: np.array(v, dtype=np.int8) for k, v in spec["x"].items()}
+out, log = stream.Streamer(segs, stream.schedule(segs, "plan", plan), litert.interpreter).run(x)
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+assert not heavy, heavy
+print("thin", len(log.segments))
+'''
+
+
+def test_the_streamer_imports_nothing_heavy(streamed, tmp_path):
+    root, plan, segs, x, _ = streamed
+    spec = {"plan": plan.to_json(), "x": {k: v.tolist() for k, v in x.items()},
+            "segments": [[str(s.path), s.sha256, s.size, s.op, s.first_layer, s.last_layer, list(s.inputs)]
+                         for s in segs]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    proc = subprocess.run([sys.executable, "-c", THIN, str(tmp_path / "spec.json")], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and f"thin {len(segs)}" in proc.stdout, proc.stderr[-3000:]
+    assert OverlapPlan.from_json(spec["plan"]) == plan
