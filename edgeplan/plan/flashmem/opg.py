@@ -17,7 +17,9 @@ Objectives (λ in per-mille, memory in KiB):
 from __future__ import annotations
 
 import atexit
-import multiprocessing
+import os
+import pickle
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -62,17 +64,45 @@ def must_isolate() -> bool:
     return "tensorflow" in sys.modules
 
 
-_POOL = None
+_CHILD: subprocess.Popen | None = None
 
 
 def isolated(fn, *args):
-    """``fn(*args)`` in the solver process: spawned once (it imports only edgeplan's planner and OR-Tools),
-    reused by later calls, ended at exit. ``fn`` and its arguments and result must pickle."""
-    global _POOL
-    if _POOL is None:
-        _POOL = multiprocessing.get_context("spawn").Pool(1)
-        atexit.register(_POOL.terminate)
-    return _POOL.apply(fn, args)
+    """``fn(*args)`` in the solver process (``python -m edgeplan.plan.flashmem.opg``: it imports only
+    edgeplan's planner and OR-Tools), started once and reused, ended with this process; pickles over pipes.
+    Not ``multiprocessing``'s spawn, which re-imports the caller's main script."""
+    global _CHILD
+    if _CHILD is None or _CHILD.poll() is not None:
+        _CHILD = subprocess.Popen([sys.executable, "-m", "edgeplan.plan.flashmem.opg"], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE)
+        atexit.register(_CHILD.kill)
+    pickle.dump((fn, args), _CHILD.stdin)
+    _CHILD.stdin.flush()
+    try:
+        ok, value = pickle.load(_CHILD.stdout)
+    except EOFError:
+        raise PlanError(f"the CP-SAT solver process died (exit {_CHILD.wait()})") from None
+    if not ok:
+        raise value
+    return value
+
+
+def _serve() -> None:
+    """The solver process: calls from the pipe until it closes; stdout is the pipe, prints go to stderr."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    inp = sys.stdin.buffer
+    while True:
+        try:
+            fn, args = pickle.load(inp)
+        except EOFError:
+            return
+        try:
+            result = (True, fn(*args))
+        except Exception as e:  # handed back to the caller, which raises it
+            result = (False, e)
+        pickle.dump(result, out)
+        out.flush()
 
 
 def solve(problem: Problem, ledger: Ledger, ws: list[int], soft: bool = False,
@@ -168,3 +198,7 @@ def solve(problem: Problem, ledger: Ledger, ws: list[int], soft: bool = False,
         out.append(WeightPlan(i, layer.name, layer.weight_bytes, problem.chunks(i), False, loads, build))
     return WindowSolve(status, tuple(out), solver.ObjectiveValue() / 1000, solver.BestObjectiveBound() / 1000,
                        seconds)
+
+
+if __name__ == "__main__":
+    _serve()
