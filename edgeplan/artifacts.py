@@ -225,6 +225,43 @@ class VerifyReport(_Record):
     schema_version: int = 1
 
 
+@dataclass(frozen=True)
+class StreamLayer:
+    """One layer of ``stream/``: its one-layer segment (cut from ``model_split.tflite``) and its boundary."""
+
+    index: int
+    name: str
+    op: str
+    op_class: str  # FlashMem Table 5
+    weight_bytes: int
+    first_op: int
+    last_op: int
+    file: str  # relative to the artifact directory
+    sha256: str
+    size: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StreamInfo(_Record):
+    """``stream/stream.json``: the int8 model as streaming layers (FlashMem §4.3), checked identical."""
+
+    model_int8_sha256: str
+    split_file: str
+    split_sha256: str
+    max_segment_bytes: int
+    split_ops: tuple[str, ...]  # weights split along output channels (name: parts)
+    layers: tuple[StreamLayer, ...]
+    identical: dict  # kernels -> the one-layer chain equals the int8 model on every sample
+    samples: int
+    schema_version: int = 1
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.identical) and all(self.identical.values())
+
+
 _FIELD_TYPES: dict[tuple[str, str], type] = {
     ("ModelInfo", "inputs"): TensorSpec,
     ("ModelInfo", "outputs"): TensorSpec,
@@ -232,6 +269,7 @@ _FIELD_TYPES: dict[tuple[str, str], type] = {
     ("Analysis", "dropped"): DroppedPoint,
     ("CompileReport", "operators"): OperatorRow,
     ("VerifyReport", "points"): PointCheck,
+    ("StreamInfo", "layers"): StreamLayer,
 }
 
 __all__ = [
@@ -242,6 +280,8 @@ __all__ = [
     "OperatorRow",
     "Point",
     "PointCheck",
+    "StreamInfo",
+    "StreamLayer",
     "TensorSpec",
     "VerifyReport",
     "write_bytes_atomic",

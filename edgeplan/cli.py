@@ -3,7 +3,7 @@
     edgeplan compile MODEL --name N --version V   ingest -> analyze -> int8 -> cut -> compile -> verify
     edgeplan analyze MODEL --json OUT             list the ONNX candidate partition points
     edgeplan verify ARTIFACT_DIR                  re-run the checks, print the table (exit 1 on failure)
-    edgeplan ingest | build                       single stages (what dvc.yaml runs)
+    edgeplan ingest | build | stream              single stages (what dvc.yaml runs)
     edgeplan zoo list | zoo build NAME DIR        real architectures with seeded weights, no downloads
     edgeplan profile run ARTIFACT_DIR --device-class C   profiles/C.json: TPU (emulated) and CPU (measured) times
     edgeplan profile diff A B                     segments whose latency moved beyond a threshold
@@ -163,6 +163,23 @@ def cmd_verify(args, params) -> int:
     print_verify(report)
     console.print(f"wrote {Path(args.artifact_dir) / 'verify.json'}")
     return 0 if report.ok else 1
+
+
+def cmd_stream(args, params) -> int:
+    root = Path(args.artifact_dir)
+    if not (root / "model_int8.tflite").is_file():
+        raise EdgeplanError(f"{root / 'model_int8.tflite'}: missing; run `edgeplan build {root}` first.")
+    with _progress() as update:
+        info = _stages().stream(root, params, update)
+    t = Table(title=f"streaming layers of {root}")
+    for col in ("layers", "weights MB", "largest layer MB", "split weights", "identical"):
+        t.add_column(col, justify="right" if col != "identical" else "left")
+    weights = [layer.weight_bytes for layer in info.layers]
+    t.add_row(str(len(info.layers)), f"{sum(weights) / 1e6:.2f}", f"{max(weights, default=0) / 1e6:.2f}",
+              str(len(info.split_ops)), ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in info.identical.items()))
+    console.print(t)
+    console.print(f"wrote {root / 'stream'}")
+    return 0 if info.ok else 1
 
 
 def cmd_compile(args, params) -> int:
@@ -427,6 +444,10 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("verify", help="check every point of ARTIFACT_DIR; writes verify.json; exit 1 on failure")
     sp.add_argument("artifact_dir")
     sp.set_defaults(func=cmd_verify)
+    sp = sub.add_parser("stream", help="FlashMem streaming segments of ARTIFACT_DIR's int8 model (large weights "
+                        "split, one segment per layer, checked identical) -> stream/; exit 1 if not identical")
+    sp.add_argument("artifact_dir")
+    sp.set_defaults(func=cmd_stream)
     sp = sub.add_parser("zoo", help="real architectures with seeded weights (no downloads)")
     zsub = sp.add_subparsers(dest="zoo_cmd", required=True)
     zsub.add_parser("list", help="list the zoo models")

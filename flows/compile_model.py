@@ -30,7 +30,8 @@ def _compile(models: list[dict], root: str, params_file: str | None, store: str 
     ingested = ledger.submit(model_tasks.ingest, [(absolute(m["source"]), m["name"], str(m["version"]), root,
                                                    m.get("input_shape"), params) for m in models])
     built = ledger.submit(model_tasks.build, [(f, params) for f in ingested])
-    ledger.submit(model_tasks.verify, [(f, params) for f in ingested], after=built)
+    verified = ledger.submit(model_tasks.verify, [(f, params) for f in ingested], after=built)
+    ledger.submit(model_tasks.stream, [(f, params) for f in ingested], after=verified)
     dirs = ledger.gather()[: len(models)]
     served: list[str] = []
     for m in models:

@@ -1,4 +1,4 @@
-"""The model stages as tasks: ingest, build (int8 conversion, cuts, Edge TPU compile), verify, profile.
+"""The model stages as tasks: ingest, build (int8 conversion, cuts, Edge TPU compile), verify, stream, profile.
 
 No task sets ``timeout_seconds``: the tasks run in worker threads (the thread pool, or Dask's), where Prefect
 cannot interrupt them (it warns about that once per task run). The long work is bounded where it can be
@@ -73,6 +73,27 @@ def verify(model_dir: str, params: dict):
                            + ("" if report.input_dependence_ok else " and the output ignores the input")
                            + f"; see {Path(model_dir) / 'verify.json'}. Nothing of it is published.")
     return report
+
+
+class StreamNotIdentical(EdgeplanError):
+    """The streaming segments of a model do not chain to its int8 model's bits: nothing of it is streamed."""
+
+
+@task(name="stream", cache_key_fn=content_key(lambda p: [Path(p["model_dir"]) / "model_int8.tflite"],
+                                              ["flashmem.max_segment_bytes", "flashmem.verify_samples", "verify.seed"],
+                                              ("quantize", "profile/capacity.py", "artifacts.py",
+                                               "pipeline/stages.py"), scalars=("model_dir",)),
+      persist_result=True)
+def stream(model_dir: str, params: dict) -> str:
+    """stream/: large weights split, one segment per layer, checked identical to the int8 model (FlashMem)."""
+    from edgeplan.pipeline import stages
+
+    info = stages.stream(Path(model_dir), params)
+    if not info.ok:
+        raise StreamNotIdentical(f"{model_dir}: the streaming segments differ from model_int8.tflite with "
+                                 f"{', '.join(k for k, v in info.identical.items() if not v)} kernels; see "
+                                 f"{Path(model_dir) / 'stream' / 'stream.json'}")
+    return str(Path(model_dir) / "stream")
 
 
 def _profile_inputs(p: dict):

@@ -37,7 +37,8 @@ def test_dvc_repro_builds_and_verifies_the_listed_models(tmp_path, s3_server):
     assert json.loads((root / "verify.json").read_text())["ok"]
     assert (root / "segments" / "p1" / "compile.json").is_file()
     lock = yaml.safe_load((work / "dvc.lock").read_text())
-    assert {"ingest@0", "build@0", "verify@0", "profile@0"} <= set(lock["stages"])
+    assert {"ingest@0", "build@0", "verify@0", "stream@0", "profile@0"} <= set(lock["stages"])
+    assert json.loads((root / "stream" / "stream.json").read_text())["identical"] == {"reference": True, "xnnpack": True}
     assert (root / "profiles" / "coral-usb-emulated.json").is_file()  # tiny-solo's class (no deployment serves it)
     # nothing changed: a second repro runs no stage
     out = run(str(bindir / "dvc"), "repro")

@@ -31,6 +31,8 @@ DEFAULTS: dict = {
         "drift_threshold": 0.10,
     },
     "plan": {"variant": "refined", "rate_factors": [0.5, 1.0, 2.0], "preload_ram_share": 0.5},
+    "flashmem": {"max_segment_bytes": 16 * 1024 * 1024, "verify_samples": 2, "chunk_bytes": 64 * 1024,
+                 "objective": "resident", "lambda": 0.9, "window": 100, "lookback": 100, "time_limit_s": 10.0},
     "orchestration": {"conversion_slots": 1, "reprofile_cron": "0 3 * * *", "prefect_server": "local",
                       "prefect_server_idle_s": 1800},
     "publish": {"store": ".edgeplan/store", "trusted_keys": [".edgeplan/keys"]},

@@ -17,6 +17,8 @@ from edgeplan.artifacts import (
     DroppedPoint,
     ModelInfo,
     Point,
+    StreamInfo,
+    StreamLayer,
     VerifyReport,
     write_bytes_atomic,
     write_json_atomic,
@@ -257,3 +259,61 @@ def verify(root: Path, params: dict, progress: Progress = _noop) -> VerifyReport
     return report
 
 
+
+
+def stream(root: Path, params: dict, progress: Progress = _noop) -> StreamInfo:
+    """``stream/``: the int8 model with its large weights split (``flashmem.max_segment_bytes``), one segment
+    per layer, and the check that chaining them equals the int8 model with both kernel sets (FlashMem §4.3)."""
+    import hashlib
+    from functools import partial
+
+    import numpy as np
+
+    from edgeplan.profile.capacity import op_class
+    from edgeplan.quantize import litert
+    from edgeplan.quantize import stream as cutting
+    from edgeplan.quantize.tflite_graph import TfliteGraph
+
+    fp = params["flashmem"]
+    int8 = (root / "model_int8.tflite").read_bytes()
+    out = root / "stream"
+    if out.exists():
+        shutil.rmtree(out)
+    with memory.stage("stream"):
+        split = cutting.split_large_ops(int8, int(fp["max_segment_bytes"]))
+        g, original = TfliteGraph(split), TfliteGraph(int8)
+        parted = sorted({t.name.rsplit("_part", 1)[0] for t in g.tensors if t.constant and "_part" in t.name}
+                        - {t.name for t in g.tensors})
+        write_bytes_atomic(out / "model_split.tflite", split)
+        layers, blobs = [], []
+        ls = cutting.layers(g)
+        for layer in ls:
+            blob = cutting.cut_range(g, layer.first_op, layer.last_op, f"l{layer.index}")
+            rel = f"stream/layers/l{layer.index:04d}.tflite"
+            write_bytes_atomic(root / rel, blob)
+            ins, outs = cutting.boundary(g, layer.first_op, layer.last_op)
+            layers.append(StreamLayer(layer.index, layer.name, layer.op, op_class(layer.op), layer.weight_bytes,
+                                      layer.first_op, layer.last_op, rel, hashlib.sha256(blob).hexdigest(),
+                                      len(blob), tuple(g.tensors[i].name for i in ins),
+                                      tuple(g.tensors[i].name for i in outs)))
+            blobs.append(blob)
+            progress("stream", layer.index + 1, 2 * len(ls))
+        rng = np.random.default_rng(params["verify"]["seed"])
+        samples = int(fp["verify_samples"])
+        identical = {}
+        for kernels, deterministic in (("reference", True), ("xnnpack", False)):
+            build_it = partial(litert.interpreter, deterministic=deterministic)
+            same = True
+            for _ in range(samples):
+                x = {original.tensors[i].name: rng.integers(-128, 128, original.tensors[i].shape, dtype=np.int8)
+                     for i in original.inputs}
+                want = cutting.run_chain([int8], x, build_it)
+                got = cutting.run_chain(blobs, x, build_it)
+                same &= want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want)
+            identical[kernels] = bool(same)
+        progress("stream", 2 * len(ls), 2 * len(ls))
+    info = StreamInfo(hashlib.sha256(int8).hexdigest(), "stream/model_split.tflite",
+                      hashlib.sha256(split).hexdigest(), int(fp["max_segment_bytes"]), tuple(parted),
+                      tuple(layers), identical, samples)
+    info.save(out / "stream.json")
+    return info

@@ -42,7 +42,7 @@ def ran_tasks(out: str) -> dict:
     found = {}
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip("│┃ ").split("│")]
-        if len(cells) >= 3 and cells[0] in ("ingest", "build", "verify", "profile", "version", "plan", "publish"):
+        if len(cells) >= 3 and cells[0] in ("ingest", "build", "verify", "stream", "profile", "version", "plan", "publish"):
             found[cells[0]] = cells[1]
     return found
 

@@ -89,3 +89,27 @@ def test_splitting_large_ops_along_output_channels_is_bit_identical(compiled, ke
     chained = stream.run_chain(segs, x, KERNELS[kernels])
     for k in want:
         np.testing.assert_array_equal(chained[k], want[k])
+
+
+def test_the_stream_stage_writes_checked_deterministic_segments(compiled, params, tmp_path):
+    import copy
+    import hashlib
+    import shutil
+
+    from edgeplan.artifacts import StreamInfo
+    from edgeplan.pipeline import stages
+
+    d, _, _ = compiled("light_squeezenet")
+    root = tmp_path / "m"
+    shutil.copytree(d, root)
+    p = copy.deepcopy(params)
+    p["flashmem"]["max_segment_bytes"] = 64 * 1024  # squeezenet's larger convolutions get split
+    info = stages.stream(root, p)
+    assert info.ok and set(info.identical) == {"reference", "xnnpack"} and info.split_ops
+    assert StreamInfo.load(root / "stream" / "stream.json") == info
+    for layer in info.layers:
+        blob = (root / layer.file).read_bytes()
+        assert hashlib.sha256(blob).hexdigest() == layer.sha256 and len(blob) == layer.size
+    first = {f.name: f.read_bytes() for f in sorted((root / "stream").rglob("*.tflite"))}
+    stages.stream(root, p)  # again: the same bytes (DVC versions them)
+    assert {f.name: f.read_bytes() for f in sorted((root / "stream").rglob("*.tflite"))} == first
