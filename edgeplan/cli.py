@@ -11,6 +11,7 @@
     edgeplan profile emulator                     the emulated Edge TPU's fitted parameters and errors
     edgeplan fleet                                check and list the fleet registry
     edgeplan plan swapless --deployment NAME      SwapLess points and cores for a deployment -> plans/swapless.json
+    edgeplan plan flashmem --deployment NAME      FlashMem overlap plans streaming weights -> plans/flashmem.json
 """
 from __future__ import annotations
 
@@ -264,7 +265,8 @@ def cmd_profile_run(args, params) -> int:
         device_class = _fleet(params).device_class(name)
         with _progress() as update:
             prof = run.profile(model_dir, device_class, settings, update, predictor=predictor,
-                               sample=args.sample, cpu_prefixes=args.cpu_prefixes)
+                               sample=args.sample, cpu_prefixes=args.cpu_prefixes,
+                               capacity_rounds=int(params["flashmem"]["capacity_rounds"]))
         print_profile(prof)
         console.print(f"wrote {model_dir / 'profiles' / f'{device_class.name}.json'}")
         if args.summary_json:
@@ -303,6 +305,14 @@ def print_profile(prof) -> None:
         console.print("CPU times at the class's reference speed: speed probe "
                       + ", ".join(f"k={t.threads} {t.median_ms:.2f} ms" for t in prof.probe)
                       + f" in this run (scale {min(scales):.3f}" + (f"..{max(scales):.3f})" if len(scales) > 1 else ")"))
+    if prof.load_capacity is not None:
+        lc = prof.load_capacity
+        by = {c: [x for x in lc.layers if x.op_class == c] for c in ("elemental", "reusable", "hierarchical")}
+        med = {c: sorted(x.slowdown(len(lc.rates_mb_s) - 1) for x in v)[len(v) // 2] for c, v in by.items() if v}
+        console.print(f"load capacity (FlashMem): {len(lc.layers)} streaming layers timed alone, beside a loader at "
+                      f"{'/'.join(f'{r:g}' for r in lc.rates_mb_s)} MB/s and beside a build, {lc.rounds} rounds; "
+                      "median slowdown at the fastest rate: "
+                      + ", ".join(f"{c} {v:.2f} ({len(by[c])})" for c, v in med.items()))
     if prof.tpu_model:
         m = prof.tpu_model
         console.print(f"emulated Edge TPU: efficiency {m['efficiency']:.3f} of {m['peak_macs_per_s'] / 1e12:g}e12 MAC/s, "
@@ -406,6 +416,35 @@ def cmd_plan_swapless(args, params) -> int:
     return 0
 
 
+def cmd_plan_flashmem(args, params) -> int:
+    from edgeplan.plan.flashmem.deployment import plan_flashmem
+
+    m_peak = None if args.m_peak_mb is None else int(args.m_peak_mb * 1e6)
+    with _progress() as update:
+        plan, path = plan_flashmem(Path(args.out), args.deployment, params, m_peak,
+                                   lambda model, done, total: update(f"LC-OPG {model}", done, total))
+    for m in plan.models:
+        p = m.plan
+        t = table(f"FlashMem overlap plan: {m.name} {m.version} on {plan.device_class}, M_peak "
+                  f"{plan.m_peak / 1e6:.1f} MB ({p.objective} objective, λ {p.lam:g})",
+                  ("layers", "weights", "tier", "status", "objective", "gap", "seconds", "why"),
+                  right=("weights", "objective", "gap", "seconds"))
+        for w in p.windows:
+            t.add_row(f"{w.first}-{w.last}", str(w.weights), w.tier, w.status,
+                      "-" if w.objective is None else f"{w.objective:.0f}", "-" if w.gap is None else f"{w.gap:.3f}",
+                      f"{w.seconds:.2f}", w.why)
+        console.print(t)
+        streamed = sum(1 for w in p.weights if not w.preload)
+        console.print(f"{len(p.weights)} weights: {streamed} streamed, {len(p.weights) - streamed} preloaded "
+                      f"({p.preload_bytes / 1e6:.2f} MB); {len(m.segments)} segments; predicted peak of weights "
+                      f"{p.peak_resident_bytes / 1e6:.2f} MB vs {m.preload_peak_bytes / 1e6:.2f} MB all preloaded "
+                      "(the plan's arithmetic: activations and arenas come on top, the runtime measures RSS)"
+                      + (f"; over capacity {p.over_capacity_bytes / 1e6:.2f} MB read, {p.over_build_ms:.1f} ms of "
+                         "builds: stalls expected" if p.over_capacity_bytes or p.over_build_ms else ""))
+    console.print(f"wrote {path}")
+    return 0
+
+
 def _stages():
     from edgeplan.pipeline import stages
 
@@ -500,6 +539,16 @@ def parser() -> argparse.ArgumentParser:
     ps.add_argument("--out", default="artifacts", help="artifact root (default: artifacts)")
     ps.add_argument("--variant", choices=("refined", "paper"), help="analytic model (default: params.yaml plan.variant)")
     ps.set_defaults(func=cmd_plan_swapless)
+    pf = plsub.add_parser("flashmem", help="FlashMem: overlap plans streaming each model's weights under M_peak",
+                          description="Reads each model's stream/ (edgeplan stream) and the load capacity measured "
+                          "in profiles/<class>.json, solves LC-OPG with CP-SAT window by window (tiers: strict, "
+                          "soft capacity, incremental preloading, greedy latest-fit), cuts the segments the plan "
+                          "runs into <out>/deployments/NAME/flashmem/ and writes plans/flashmem.json.")
+    pf.add_argument("--deployment", required=True, help="a deployment of params.yaml")
+    pf.add_argument("--out", default="artifacts", help="artifact root (default: artifacts)")
+    pf.add_argument("--m-peak-mb", type=float, help="M_peak in MB (default: flashmem.m_peak_bytes, else "
+                    "flashmem.m_peak_ram_share of the class's RAM less SwapLess's preloads)")
+    pf.set_defaults(func=cmd_plan_flashmem)
     from edgeplan import cli_run, cli_store
 
     cli_store.register(sub)

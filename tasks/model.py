@@ -98,10 +98,11 @@ def stream(model_dir: str, params: dict) -> str:
 
 def _profile_inputs(p: dict):
     d = Path(p["model_dir"])
-    return [d / "segments", d / "analysis.json"]
+    return [d / "segments", d / "analysis.json", d / "stream" / "stream.json"]
 
 
-@task(name="profile", cache_key_fn=content_key(_profile_inputs, lambda p: ["profile", f"fleet.device_classes.{p['device_class']}"],
+@task(name="profile", cache_key_fn=content_key(_profile_inputs, lambda p: ["profile", "flashmem.capacity_rounds",
+                                                                         f"fleet.device_classes.{p['device_class']}"],
                                                ("profile", "artifacts.py", "compile/emulated.py"),
                                                scalars=("model_dir", "device_class")),
       persist_result=True)
@@ -112,7 +113,8 @@ def profile(model_dir: str, device_class: str, params: dict) -> str:
 
     dc = fleet.load(params, {d["name"] for d in params.get("deployments") or []}).device_class(device_class)
     with slot("profile", 1, log=get_run_logger()):
-        run.profile(Path(model_dir), dc, cpu.Settings.from_params(params["profile"]))
+        run.profile(Path(model_dir), dc, cpu.Settings.from_params(params["profile"]),
+                    capacity_rounds=int(params["flashmem"]["capacity_rounds"]))
     return str(Path(model_dir) / "profiles" / f"{device_class}.json")
 
 

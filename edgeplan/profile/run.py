@@ -17,6 +17,8 @@ from edgeplan.artifacts import Analysis, CompileReport, ModelInfo
 from edgeplan.errors import ArtifactError, ProfileError
 from edgeplan.profile import cpu as cpu_mod
 from edgeplan.profile import tpu_model
+from edgeplan.profile.capacity import LoadCapacity
+from edgeplan.profile.capacity import measure as measure_capacity
 from edgeplan.profile.features import segment_features, tpu_workload
 from edgeplan.profile.fleet import DeviceClass
 from edgeplan.profile.schema import CpuTiming, Host, Profile, SegmentProfile, TpuTiming, median_at
@@ -77,10 +79,13 @@ def sample_points(points: list[int], n: int) -> set[int]:
 
 
 def profile(root: Path, device_class: DeviceClass, settings: cpu_mod.Settings, progress: Progress = _noop, *,
-            predictor=None, sample: int | None = None, cpu_prefixes: bool = False) -> Profile:
+            predictor=None, sample: int | None = None, cpu_prefixes: bool = False,
+            capacity_rounds: int = 0) -> Profile:
     """Profile the artifact directory ``root``; writes ``root/profiles/<class>.json`` and returns it.
 
-    ``cpu_prefixes`` also times prefixes on the CPU (training data for the predictor)."""
+    ``cpu_prefixes`` also times prefixes on the CPU (training data for the predictor). ``capacity_rounds`` > 0
+    also measures the load capacity of the streaming layers (``stream/``, when the stream stage has run) on
+    a class whose CPU is measured here."""
     root = Path(root)
     analysis = Analysis.load(root / "analysis.json")
     if not analysis.complete:
@@ -118,6 +123,9 @@ def profile(root: Path, device_class: DeviceClass, settings: cpu_mod.Settings, p
         if r.status == "ok" and seg.role == "suffix" and seg.point not in measured_points:
             results[i] = replace(r, cpu=tuple(
                 predictor.timing(r.features, n, device_class, _reference(device_class, probe, n)) for n in threads))
+    load = None
+    if capacity_rounds > 0 and device_class.cpu == "measured" and (root / "stream" / "stream.json").is_file():
+        load = load_capacity(root, capacity_rounds, progress)
     prof = Profile(
         device_class=device_class.name,
         model=f"{info.name}/{info.version}",
@@ -132,6 +140,7 @@ def profile(root: Path, device_class: DeviceClass, settings: cpu_mod.Settings, p
         tpu_model=tpu.describe() if tpu else {},
         segments=tuple(results),
         probe=probe,
+        load_capacity=load,
     )
     prof.save(root / "profiles" / f"{device_class.name}.json")
     return prof
@@ -173,3 +182,25 @@ def _static(seg: Segment, root: Path, tpu) -> SegmentProfile:
                                report.tpu_ops, report.total_ops, (round(t.tpu_ms, 5),))
     return SegmentProfile(seg.point, seg.role, seg.rel, sha, feats["input_bytes"], feats["output_bytes"],
                           tpu=tpu_timing, features=feats)
+
+
+def load_capacity(root: Path, rounds: int, progress: Progress = _noop) -> LoadCapacity:
+    """The streaming layers of ``root/stream`` timed alone, beside a paced loader and beside a build
+    (``profile.capacity``); the loader reads a scratch file of random bytes, removed afterwards."""
+    import os
+    import tempfile
+
+    from edgeplan.artifacts import StreamInfo
+
+    info = StreamInfo.load(root / "stream" / "stream.json")
+    segs = []
+    for layer in info.layers:
+        data = (root / layer.file).read_bytes()
+        if hashlib.sha256(data).hexdigest() != layer.sha256:
+            raise ArtifactError(f"{root / layer.file}: not the bytes stream.json names; run `edgeplan stream {root}`")
+        segs.append((layer.name, layer.op, layer.weight_bytes, data))
+    with tempfile.TemporaryDirectory(prefix="edgeplan-capacity-") as tmp:
+        scratch = Path(tmp) / "scratch.bin"
+        scratch.write_bytes(os.urandom(32 << 20))
+        return measure_capacity(segs, scratch, cpu_mod.PROBE, rounds=rounds,
+                                report=lambda done, total: progress("load capacity", done, total))

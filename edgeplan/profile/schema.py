@@ -17,6 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from edgeplan.artifacts import _FIELD_TYPES, _Record
+from edgeplan.profile.capacity import LayerLoad, LoadCapacity
 
 SOURCES = ("measured", "emulated", "predicted")
 STATUSES = ("ok", "failed", "timeout")
@@ -140,6 +141,7 @@ class Profile(_Record):
     tpu_model: dict = field(default_factory=dict)  # the emulated Edge TPU's constants and fitted values
     segments: tuple[SegmentProfile, ...] = ()
     probe: tuple[CpuTiming, ...] = ()  # the speed probe, timed in the same rounds as the segments (raw)
+    load_capacity: LoadCapacity | None = None  # FlashMem §4.2: the streaming layers beside loads, measured
 
     def probe_ms(self, threads: int = 1) -> float | None:
         """The probe's median in this run, raw (the machine's speed while the segments were timed)."""
@@ -182,4 +184,6 @@ _FIELD_TYPES.update({
     ("Profile", "probe"): CpuTiming,
     ("SegmentProfile", "cpu"): CpuTiming,
     ("SegmentProfile", "tpu"): TpuTiming,
+    ("Profile", "load_capacity"): LoadCapacity,
+    ("LoadCapacity", "layers"): LayerLoad,
 })

@@ -150,3 +150,44 @@ def groups(plan: OverlapPlan, n: int) -> list[tuple[int, int]]:
         else:
             out.append((i, i))
     return out
+
+
+@dataclass(frozen=True)
+class StreamSegment:
+    """One segment the device streams: a run of layers cut from the model's split int8 model."""
+
+    file: str  # relative to the deployment directory (a blob of the bundle)
+    sha256: str
+    size: int
+    op: str
+    first_layer: int
+    last_layer: int
+    inputs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ModelStreamPlan:
+    """One model of a deployment streamed on the CPU (its whole int8 model: point 0)."""
+
+    name: str
+    version: str
+    split_sha256: str  # stream/model_split.tflite the segments were cut from
+    capacity_source: str  # measured | predicted
+    segments: tuple[StreamSegment, ...]
+    plan: OverlapPlan
+    preload_peak_bytes: int  # the same weights all preloaded and built: the plan's arithmetic, for comparison
+
+
+@dataclass(frozen=True)
+class FlashMemPlan(_Record):
+    """``deployments/<name>/plans/flashmem.json``."""
+
+    deployment: str
+    device_class: str
+    m_peak: int
+    models: tuple[ModelStreamPlan, ...]
+    schema_version: int = 1
+
+
+_FIELD_TYPES.update({("ModelStreamPlan", "segments"): StreamSegment, ("ModelStreamPlan", "plan"): OverlapPlan,
+                     ("FlashMemPlan", "models"): ModelStreamPlan})

@@ -1,0 +1,109 @@
+"""``edgeplan plan flashmem``: the overlap plan of every model of a deployment, pipeline-side.
+
+Per model: its streaming layers (``stream/stream.json``), their measured load capacity and times
+(``profiles/<class>.json``), M_peak from the device class (``flashmem.m_peak_ram_share`` of its RAM, less the
+partitions SwapLess preloads for fast switching when its plan exists), LC-OPG, then the segments the plan
+runs — runs of layers (``plan.groups``) cut from ``stream/model_split.tflite`` into
+``deployments/<name>/flashmem/<model>/`` — each named in the plan by its sha256.
+"""
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+from edgeplan.artifacts import StreamInfo, write_bytes_atomic
+from edgeplan.errors import ArtifactError, PlanError, ProfileError
+from edgeplan.pipeline.planning import deployment, resolve_version
+from edgeplan.plan.flashmem import lcopg
+from edgeplan.plan.flashmem.plan import FlashMemPlan, ModelStreamPlan, StreamSegment, groups
+from edgeplan.plan.flashmem.problem import Layer, Problem
+from edgeplan.profile import capacity as cap
+from edgeplan.profile import fleet as fleet_mod
+from edgeplan.profile.schema import Profile
+
+
+def m_peak_bytes(root: Path, name: str, ram_bytes: int, settings: dict) -> int:
+    explicit = settings.get("m_peak_bytes")
+    if explicit:
+        return int(explicit)
+    budget = int(ram_bytes * float(settings["m_peak_ram_share"]))
+    swapless = Path(root) / "deployments" / name / "plans" / "swapless.json"
+    if swapless.is_file():
+        from edgeplan.plan.swapless.plan import SwapLessPlan
+
+        budget -= sum(p.bytes for p in SwapLessPlan.load(swapless).preload)
+    if budget <= 0:
+        raise PlanError(f"deployment {name!r}: no memory left for streaming (M_peak {budget} bytes after SwapLess's "
+                        "preloaded partitions); raise flashmem.m_peak_ram_share or set flashmem.m_peak_bytes")
+    return budget
+
+
+def problem(info: StreamInfo, load: cap.LoadCapacity, settings: dict, m_peak: int) -> Problem:
+    if [x.name for x in load.layers] != [x.name for x in info.layers]:
+        raise ArtifactError("the profile's load capacity was measured on other streaming layers than stream.json's; "
+                            "run `edgeplan profile run` again")
+    chunk = int(settings["chunk_bytes"])
+    layers = []
+    for layer in load.layers:
+        chunks, build = cap.capacity(layer, load.rates_mb_s, chunk)
+        layers.append(Layer(layer.name, layer.weight_bytes, layer.alone_ms, layer.op_class, chunks, build,
+                            layer.build_ms))
+    return Problem(tuple(layers), chunk, m_peak, lam=float(settings["lambda"]), objective=settings["objective"],
+                   window=int(settings["window"]), lookback=int(settings["lookback"]),
+                   time_limit_s=float(settings["time_limit_s"]))
+
+
+def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None,
+                  progress=lambda model, done, total: None) -> tuple[FlashMemPlan, Path]:
+    settings = params["flashmem"]
+    dep = deployment(params, name)
+    dc = fleet_mod.load(params, {d["name"] for d in params.get("deployments") or []}).device_class(dep["device_class"])
+    budget = m_peak if m_peak is not None else m_peak_bytes(root, name, dc.ram_bytes, settings)
+    out_dir = Path(root) / "deployments" / name
+    models = []
+    for m in dep["models"]:
+        version = resolve_version(root, m["name"], str(m.get("version", "latest")))
+        d = Path(root) / m["name"] / version
+        if not (d / "stream" / "stream.json").is_file():
+            raise ArtifactError(f"{d / 'stream' / 'stream.json'}: missing; run `edgeplan stream {d}` first")
+        info = StreamInfo.load(d / "stream" / "stream.json")
+        path = d / "profiles" / f"{dc.name}.json"
+        if not path.is_file():
+            raise ProfileError(f"{path}: missing; run `edgeplan profile run {d} --device-class {dc.name}` first")
+        load = Profile.load(path).load_capacity
+        if load is None:
+            raise ProfileError(f"{path}: no load capacity measured (the class's CPU is not measured here, or "
+                               "flashmem.capacity_rounds is 0); FlashMem plans from measured load capacity")
+        prob = problem(info, load, settings, budget)
+        overlap = lcopg.plan(prob, lambda done, total, n=m["name"]: progress(n, done, total))
+        segments = _cut(d, info, groups(overlap, len(info.layers)), out_dir, f"flashmem/{m['name']}")
+        preload_peak = sum(prob.full_kib(i) for i in range(prob.n)) * 1024
+        models.append(ModelStreamPlan(m["name"], version, info.split_sha256, "measured", tuple(segments), overlap,
+                                      preload_peak))
+    result = FlashMemPlan(name, dc.name, budget, tuple(models))
+    out = out_dir / "plans" / "flashmem.json"
+    result.save(out)
+    return result, out
+
+
+def _cut(d: Path, info: StreamInfo, runs: list[tuple[int, int]], out_dir: Path, rel: str) -> list[StreamSegment]:
+    from edgeplan.quantize import stream as cutting
+    from edgeplan.quantize.tflite_graph import TfliteGraph
+
+    split = (d / info.split_file).read_bytes()
+    if hashlib.sha256(split).hexdigest() != info.split_sha256:
+        raise ArtifactError(f"{d / info.split_file}: not the model stream.json names; run `edgeplan stream {d}`")
+    g = TfliteGraph(split)
+    target = out_dir / rel
+    if target.exists():
+        shutil.rmtree(target)
+    segments = []
+    for k, ((a, b), blob) in enumerate(zip(runs, cutting.segments(g, runs))):
+        file = f"{rel}/s{k:04d}.tflite"
+        write_bytes_atomic(out_dir / file, blob)
+        first = info.layers[a]
+        inputs, _ = cutting.boundary(g, first.first_op, info.layers[b].last_op)
+        segments.append(StreamSegment(file, hashlib.sha256(blob).hexdigest(), len(blob), first.op, a, b,
+                                      tuple(g.tensors[i].name for i in inputs)))
+    return segments

@@ -1,0 +1,80 @@
+"""`edgeplan plan flashmem` on a real model: stream stage, load capacity measured in the profile, LC-OPG,
+segments cut; the planned segments, streamed by the runtime, give the int8 model's bits."""
+from __future__ import annotations
+
+import copy
+import hashlib
+import shutil
+from functools import partial
+
+import numpy as np
+import pytest
+
+from edgeplan.errors import ArtifactError, MemoryBudgetError
+from edgeplan.pipeline import params as params_mod
+from edgeplan.pipeline import stages
+from edgeplan.plan.flashmem.deployment import plan_flashmem
+from edgeplan.plan.flashmem.plan import FlashMemPlan
+from edgeplan.profile import cpu, fleet, run
+from edgeplan.quantize import litert
+from edgeplan.quantize.tflite_graph import TfliteGraph
+from edgeplan.runtime import stream
+
+
+@pytest.fixture(scope="module")
+def planned(compiled, tmp_path_factory):
+    root = tmp_path_factory.mktemp("flashmem-artifacts")
+    src, _, _ = compiled("light_squeezenet")
+    d = root / "sq" / "1"
+    shutil.copytree(src, d)
+    p = params_mod.load(None)
+    p["flashmem"]["max_segment_bytes"] = 128 * 1024
+    stages.stream(d, p)
+    prof = run.profile(d, fleet.load(p).device_class("coral-usb-emulated"),
+                       cpu.Settings(repeats=5, min_repeats=2, span_s=0.2, budget_s=0.5), capacity_rounds=2)
+    p["deployments"] = [{"name": "sq-solo", "device_class": "coral-usb-emulated",
+                         "models": [{"name": "sq", "version": "1", "rate": 5.0}]}]
+    p["fleet"]["devices"] = [{"id": "edge-9", "device_class": "coral-usb-emulated", "deployment": "sq-solo",
+                              "work_pool": "coral-usb-emulated"}]
+    weights = sum(x.weight_bytes for x in prof.load_capacity.layers)
+    plan, path = plan_flashmem(root, "sq-solo", p, m_peak=weights)  # half of all weights read and built
+    return root, d, p, plan, path
+
+
+def test_the_plan_is_written_streams_and_names_its_segments(planned):
+    root, d, _, plan, path = planned
+    assert FlashMemPlan.load(path) == plan and plan.m_peak > 0
+    (m,) = plan.models
+    assert m.capacity_source == "measured" and m.plan.peak_resident_bytes <= plan.m_peak
+    assert any(not w.preload for w in m.plan.weights)
+    assert m.plan.peak_resident_bytes < m.preload_peak_bytes
+    for seg in m.segments:
+        blob = (root / "deployments" / "sq-solo" / seg.file).read_bytes()
+        assert hashlib.sha256(blob).hexdigest() == seg.sha256 and len(blob) == seg.size
+
+
+def test_the_planned_segments_stream_to_the_int8_models_bits(planned):
+    root, d, _, plan, _ = planned
+    (m,) = plan.models
+    base = root / "deployments" / "sq-solo"
+    segs = [stream.Segment(base / s.file, s.sha256, s.size, s.op, s.first_layer, s.last_layer, s.inputs)
+            for s in m.segments]
+    g = TfliteGraph((d / "model_int8.tflite").read_bytes())
+    rng = np.random.default_rng(11)
+    x = {g.tensors[i].name: rng.integers(-128, 128, g.tensors[i].shape, dtype=np.int8) for i in g.inputs}
+    interp = partial(litert.interpreter, deterministic=False)
+    want = stream.run_preloaded(d / "model_int8.tflite", x, interp)
+    got, log = stream.Streamer(segs, stream.schedule(segs, "plan", m.plan), interp).run(x)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_bad_inputs_say_what_to_run(planned, tmp_path):
+    root, d, p, plan, _ = planned
+    with pytest.raises(MemoryBudgetError, match=r"M_peak .* is below what layers"):
+        plan_flashmem(root, "sq-solo", p, m_peak=64 * 1024)
+    bare = tmp_path / "sq" / "1"
+    shutil.copytree(d, bare)
+    shutil.rmtree(bare / "stream")
+    with pytest.raises(ArtifactError, match="run `edgeplan stream"):
+        plan_flashmem(tmp_path, "sq-solo", copy.deepcopy(p))
