@@ -4,10 +4,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import task
+from prefect.logging import get_run_logger
 
 from tasks.cache import content_key
 
-PLAN_CODE = ("plan/swapless", "pipeline/planning.py", "profile/schema.py", "profile/fleet.py", "artifacts.py")
+PLAN_CODE = ("plan/swapless", "plan/flashmem", "pipeline/planning.py", "profile/schema.py", "profile/capacity.py",
+             "profile/fleet.py", "artifacts.py")
 PUBLISH_CODE = ("bundle", "store", "cli_store.py", "artifacts.py", "quantize/litert.py", "quantize/calibration.py")
 
 
@@ -19,26 +21,52 @@ def _plan_inputs(p: dict):
     dep = next(d for d in p["params"]["deployments"] if d["name"] == p["name"])
     root = Path(p["root"])
     return [root / m["name"] / str(m["version"]) / "profiles" / f"{dep['device_class']}.json" for m in dep["models"]] + [
-        root / m["name"] / str(m["version"]) / "analysis.json" for m in dep["models"]]
+        root / m["name"] / str(m["version"]) / f for m in dep["models"] for f in ("analysis.json", "stream/stream.json")]
 
 
 def _plan_params(p: dict):
     dep = next(d for d in p["params"]["deployments"] if d["name"] == p["name"])
-    return ["plan", f"fleet.device_classes.{dep['device_class']}"]
+    return ["plan", "flashmem", f"fleet.device_classes.{dep['device_class']}"]
 
 
 @task(name="plan", cache_key_fn=content_key(_plan_inputs, _plan_params, PLAN_CODE, scalars=("root", "name")),
       persist_result=True)
 def plan(root: str, name: str, params: dict):
-    """deployments/<name>/plans/swapless.json (the deployment's models must name explicit versions)."""
+    """deployments/<name>/plans/swapless.json (the deployment's models must name explicit versions), then
+    plans/flashmem.json when every model has streaming layers and a measured load capacity."""
     from edgeplan.pipeline.planning import plan_swapless
 
-    return plan_swapless(Path(root), name, params)[0]
+    result = plan_swapless(Path(root), name, params)[0]
+    _flashmem(Path(root), name, params)
+    return result
+
+
+def _flashmem(root: Path, name: str, params: dict) -> None:
+    from edgeplan.errors import EdgeplanError
+    from edgeplan.plan.flashmem.deployment import plan_flashmem, why_not
+
+    log = get_run_logger()
+    stale = root / "deployments" / name / "plans" / "flashmem.json"
+    reason = why_not(root, name, params)
+    if reason:
+        stale.unlink(missing_ok=True)  # a plan for other versions must not travel with this revision
+        log.info("no FlashMem plan for %s: %s", name, reason)
+        return
+    try:
+        plan = plan_flashmem(root, name, params)[0]
+    except EdgeplanError as e:  # SwapLess still publishes; the streamed plan says why it is missing
+        stale.unlink(missing_ok=True)
+        log.warning("no FlashMem plan for %s: %s", name, e)
+        return
+    log.info("FlashMem plan for %s: %s", name, "; ".join(
+        f"{m.name} peak {m.plan.peak_resident_bytes / 1e6:.1f} of {m.preload_peak_bytes / 1e6:.1f} MB, tiers "
+        + ",".join(sorted({w.tier for w in m.plan.windows})) for m in plan.models))
 
 
 def _publish_inputs(p: dict):
     root = Path(p["root"])
-    files = [root / "deployments" / p["name"] / "plans" / "swapless.json"]
+    files = [root / "deployments" / p["name"] / "plans" / f for f in ("swapless.json", "flashmem.json")] + [
+        root / "deployments" / p["name"] / "flashmem"]
     for m in _models(p):
         d = root / m["name"] / str(m["version"])
         files += [d / "segments", d / "profiles", d / "verify.json", d / "model.json", d / "model_int8.tflite"]

@@ -3,7 +3,7 @@ profile on the device class, the SwapLess plan, self-tests and quantization (pip
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -42,10 +42,11 @@ class Bundle:
     plan: str
     blobs: dict  # name -> bytes
     refs: tuple[BlobRef, ...]
+    plans: dict = field(default_factory=dict)  # planner -> blob name
 
     @property
     def content_sha256(self) -> str:
-        return content_digest(self.models, self.refs, self.plan)
+        return content_digest(self.models, self.refs, self.plan, self.plans)
 
     @property
     def size(self) -> int:
@@ -124,8 +125,41 @@ def build(root: Path, name: str, params: dict) -> Bundle:
                                  _quantization(out_d, info.outputs[0].shape), tuple(tests),
                                  f"{prefix}/profiles/{dc.name}.json"))
     blobs[f"deployments/{name}/plans/swapless.json"] = plan_path.read_bytes()
+    plans = {"swapless": f"deployments/{name}/plans/swapless.json"}
+    streamed = _flashmem(Path(root), name, plan)
+    if streamed:
+        blobs.update(streamed)
+        plans["flashmem"] = f"deployments/{name}/plans/flashmem.json"
     refs = tuple(BlobRef(n, MEDIA.get(Path(n).suffix, "application/octet-stream"), len(b), sha256(b))
                  for n, b in sorted(blobs.items()))
     compiler = "emulated" if "emulated" in compilers or not compilers else min(compilers)
     return Bundle(name, dc.name, dc.accelerator.kind, compiler, __version__, tuple(models),
-                  f"deployments/{name}/plans/swapless.json", blobs, refs)
+                  f"deployments/{name}/plans/swapless.json", blobs, refs, plans)
+
+
+def _flashmem(root: Path, name: str, plan: SwapLessPlan) -> dict[str, bytes]:
+    """The FlashMem plan and the segments it streams, when the deployment has one made for these model
+    versions and their streaming layers (else refused: re-plan)."""
+    from edgeplan.artifacts import StreamInfo
+    from edgeplan.plan.flashmem.plan import FlashMemPlan
+
+    base = root / "deployments" / name
+    path = base / "plans" / "flashmem.json"
+    if not path.is_file():
+        return {}
+    fm = FlashMemPlan.load(path)
+    versions = {m.name: m.version for m in plan.models}
+    out = {f"deployments/{name}/plans/flashmem.json": path.read_bytes()}
+    for m in fm.models:
+        stream = root / m.name / m.version / "stream" / "stream.json"
+        if versions.get(m.name) != m.version or not stream.is_file() or \
+                StreamInfo.load(stream).split_sha256 != m.split_sha256:
+            raise ArtifactError(f"{path}: planned for {m.name} {m.version} as it was streamed then; run "
+                                f"`edgeplan plan flashmem --deployment {name}` again")
+        for seg in m.segments:
+            data = (base / seg.file).read_bytes() if (base / seg.file).is_file() else b""
+            if sha256(data) != seg.sha256:
+                raise ArtifactError(f"{base / seg.file}: missing or not the segment the plan names; run "
+                                    f"`edgeplan plan flashmem --deployment {name}` again")
+            out[f"deployments/{name}/{seg.file}"] = data
+    return out

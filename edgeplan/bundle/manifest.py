@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from edgeplan.artifacts import _FIELD_TYPES, _Record
 from edgeplan.bundle import keys
@@ -134,7 +134,32 @@ class Manifest(_Signed, _Record):
     plan: str  # blob name of the SwapLess plan
     blobs: tuple[BlobRef, ...]
     signature: str = ""
-    schema_version: int = 1
+    plans: dict = field(default_factory=dict)  # planner -> blob name of its plan (schema 2)
+    schema_version: int = 2
+
+    SCHEMA_VERSION = 2  # schema 1 (no ``plans`` map, nor in what its signature covers) is still read
+
+    @classmethod
+    def from_json(cls, data: dict, *, source: str = "<dict>"):
+        if data.get("schema_version") == 1 and "plans" not in data:
+            return super().from_json({**data, "schema_version": 2}, source=source).as_schema_1()
+        return super().from_json(data, source=source)
+
+    def as_schema_1(self) -> Manifest:
+        return replace(self, schema_version=1)
+
+    def payload(self) -> bytes:
+        data = self.to_json()
+        data.pop("signature")
+        if self.schema_version == 1:
+            data.pop("plans")
+        return canonical(data)
+
+    def encoded(self) -> bytes:
+        data = self.to_json()
+        if self.schema_version == 1:
+            data.pop("plans")
+        return canonical(data)
 
     def blob(self, name: str) -> BlobRef:
         for b in self.blobs:
@@ -159,10 +184,12 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def content_digest(models, blobs, plan: str) -> str:
+def content_digest(models, blobs, plan: str, plans: dict | None = None) -> str:
     """What a revision serves, independent of its number, time and key: equal digests need no new revision."""
-    return sha256(canonical({"models": [_plain(m) for m in models], "blobs": sorted((b.name, b.sha256) for b in blobs),
-                             "plan": plan}))
+    doc = {"models": [_plain(m) for m in models], "blobs": sorted((b.name, b.sha256) for b in blobs), "plan": plan}
+    if plans:
+        doc["plans"] = dict(sorted(plans.items()))
+    return sha256(canonical(doc))
 
 
 def _plain(obj):

@@ -125,7 +125,8 @@ def publish(store, bundle: Bundle, key: keys.SigningKey, trusted: dict | None = 
     revision = current[0].revision + 1 if current else 1
     manifest = Manifest(bundle.deployment, revision, bundle.device_class, bundle.accelerator, bundle.compiler,
                         bundle.code_version, dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                        bundle.content_sha256, key.key_id, bundle.models, bundle.plan, bundle.refs).signed(key)
+                        bundle.content_sha256, key.key_id, bundle.models, bundle.plan, bundle.refs,
+                        plans=bundle.plans).signed(key)
     raw = manifest.encoded()
     mkey = manifest_key(bundle.deployment, revision)
     if not retrying(f"write {mkey}", lambda: store.put(mkey, raw, if_absent=True)):

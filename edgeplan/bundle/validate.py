@@ -25,6 +25,7 @@ MAX_BLOBS = 100_000
 MAX_POINTS = 4096
 MAX_TENSOR_ELEMENTS = 1 << 28
 REVISION_MAX = 1 << 53
+PLANNERS = ("swapless", "flashmem", "parallax", "autodice", "spatial")  # DESIGN.md "Plans"
 RESERVED = frozenset({"manifest.json", "latest"})  # written beside the blobs in a revision directory
 DTYPES = frozenset({"int8", "uint8", "int16", "int32", "float16", "float32"})
 
@@ -163,6 +164,10 @@ def manifest(m, where: str, deployment: str | None = None, revision: int | None 
     if clash:
         _fail(where, f"blob {sorted(clash)[0]!r} is both a file and a directory of other blobs")
     _named(m.plan, names, where, "plan")
+    for planner, name in m.plans.items():
+        if planner not in PLANNERS:
+            _fail(where, f"plans names an unknown planner {_show(planner)} (known: {', '.join(PLANNERS)})")
+        _named(name, names, where, f"plans[{planner}]")
     seen = set()
     for k, e in enumerate(m.models):
         at = f"models[{k}]"

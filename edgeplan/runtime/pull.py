@@ -264,3 +264,30 @@ def check(rev_dir: Path, manifest: Manifest) -> None:
                     raise HealthCheckFailed(f"{where}: {entry.name} at point {point}: self-test {t.input} gives "
                                             f"another output than the bundle expects ({diff} elements differ); "
                                             "not activated")
+    _check_streamed(rev_dir, manifest, where)
+
+
+def _check_streamed(rev_dir: Path, manifest: Manifest, where: str) -> None:
+    """The FlashMem plan's segments, streamed as planned, give every self-test's expected output."""
+    from functools import partial
+
+    from edgeplan.quantize import litert
+    from edgeplan.runtime import stream
+    from edgeplan.runtime.model import quantize_input
+
+    entries = {e.name: e for e in manifest.models}
+    for name, (m, segs) in stream.load_plans(rev_dir, manifest).items():
+        entry = entries[name]
+        streamer = stream.Streamer(segs, stream.schedule(segs, "plan", m.plan),
+                                   partial(litert.interpreter, deterministic=True))
+        first = segs[0].inputs
+        for t in entry.selftests:
+            x = quantize_input(np.load(rev_dir / t.input, allow_pickle=False), entry.input)
+            want = np.load(rev_dir / t.expected, allow_pickle=False)
+            if len(first) != 1:
+                raise HealthCheckFailed(f"{where}: {name}'s first streamed segment takes {len(first)} inputs")
+            out, _ = streamer.run({first[0]: x})
+            (y,) = out.values() if len(out) == 1 else (None,)
+            if y is None or y.shape != want.shape or not np.array_equal(y, want):
+                raise HealthCheckFailed(f"{where}: {name} streamed as its FlashMem plan says: self-test {t.input} "
+                                        "gives another output than the bundle expects; not activated")

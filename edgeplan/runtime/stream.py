@@ -248,3 +248,43 @@ class Streamer:
         entry.build_ms = (time.perf_counter() - t) * 1000
         entry.built_at = at
         return it
+
+
+def load_plans(rev_dir: Path, manifest) -> dict:
+    """model name -> (``ModelStreamPlan``, its ``Segment`` list) from a revision's FlashMem plan, every name
+    and hash checked against the manifest's blobs (a plan is signed with the manifest, but what it names is
+    still validated: a segment that is not the blob of that name and hash is refused). Empty without one."""
+    import json
+
+    from edgeplan.bundle.validate import check_types, relpath
+    from edgeplan.errors import BundleVerificationError
+    from edgeplan.plan.flashmem.plan import FlashMemPlan
+
+    name = manifest.plans.get("flashmem")
+    if name is None:
+        return {}
+    where = f"{manifest.deployment} revision {manifest.revision} {name}"
+    try:
+        plan = FlashMemPlan.from_json(json.loads((Path(rev_dir) / name).read_text()), source=where)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise BundleVerificationError(f"{where}: not a FlashMem plan ({e})") from None
+    check_types(plan, where)
+    blobs = {b.name: b for b in manifest.blobs}
+    served = {e.name: e.version for e in manifest.models}
+    out = {}
+    for m in plan.models:
+        if served.get(m.name) != m.version:
+            raise BundleVerificationError(f"{where}: plans {m.name} {m.version}, which the revision does not serve")
+        segs = []
+        for k, s in enumerate(m.segments):
+            blob = f"deployments/{manifest.deployment}/{relpath(s.file, where, f'{m.name} segment {k}')}"
+            ref = blobs.get(blob)
+            if ref is None or ref.sha256 != s.sha256 or ref.size != s.size:
+                raise BundleVerificationError(f"{where}: {m.name} segment {k} ({s.file}) is not a blob of this "
+                                              "revision with the hash and size the plan names; refused")
+            segs.append(Segment(Path(rev_dir) / blob, s.sha256, s.size, s.op, s.first_layer, s.last_layer, s.inputs))
+        if [w.layer for w in m.plan.weights] != sorted({w.layer for w in m.plan.weights}) or any(
+                not 0 <= s.first_layer <= s.last_layer for s in segs):
+            raise BundleVerificationError(f"{where}: {m.name}'s plan is not ordered by layer; refused")
+        out[m.name] = (m, segs)
+    return out

@@ -212,3 +212,29 @@ def test_cli_keys_publish_ls(deployment_root, tmp_path, capsys):
     assert main([*args, "ls", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["deployment"] == "solo" and rows[0]["latest"] == 1 and rows[0]["verified"]
+
+
+def test_a_schema_1_manifest_is_still_read_and_schema_2_carries_the_plans_map(deployment_root, signing, tmp_path):
+    import dataclasses
+
+    from edgeplan.bundle.manifest import Manifest
+
+    root, params = deployment_root
+    key, trusted = signing
+    store = open_store(tmp_path / "store")
+    publish(store, build(root, "solo", params), key, trusted, fleet.load(params).devices)
+    _, m2 = read_latest(store, "solo", trusted)
+    assert m2.schema_version == 2 and m2.plans == {"swapless": "deployments/solo/plans/swapless.json"}
+    # a revision written before schema 2: no plans map in its bytes, nor in what its signature covers
+    old = dataclasses.replace(m2, schema_version=1, plans={}).signed(key)
+    raw = old.encoded()
+    assert b'"plans"' not in raw and b'"schema_version":1' in raw
+    back = Manifest.parse(raw, trusted, "old")
+    assert back.schema_version == 1 and back.plans == {} and back.blobs == m2.blobs
+    # an unknown planner, or a plan that is not a blob, is refused
+    for plans in ({"nope": m2.plan}, {"flashmem": "deployments/solo/plans/flashmem.json"}):
+        bad = dataclasses.replace(m2, plans=plans).signed(key)
+        from edgeplan.bundle.validate import manifest as check
+
+        with pytest.raises(BundleVerificationError, match="plans"):
+            check(Manifest.parse(bad.encoded(), trusted, "bad"), "bad")

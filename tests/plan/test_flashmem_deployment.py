@@ -78,3 +78,66 @@ def test_bad_inputs_say_what_to_run(planned, tmp_path):
     shutil.rmtree(bare / "stream")
     with pytest.raises(ArtifactError, match="run `edgeplan stream"):
         plan_flashmem(tmp_path, "sq-solo", copy.deepcopy(p))
+
+
+def test_the_bundle_carries_the_plan_and_its_segments_and_refuses_a_stale_one(planned, tmp_path):
+    from edgeplan.bundle.build import build
+    from edgeplan.pipeline.planning import plan_swapless
+
+    root, _, p, plan, _ = planned
+    work = tmp_path / "artifacts"
+    shutil.copytree(root, work)
+    plan_swapless(work, "sq-solo", p)
+    bundle = build(work, "sq-solo", p)
+    assert bundle.plans == {"swapless": "deployments/sq-solo/plans/swapless.json",
+                            "flashmem": "deployments/sq-solo/plans/flashmem.json"}
+    names = {r.name for r in bundle.refs}
+    assert {f"deployments/sq-solo/{s.file}" for s in plan.models[0].segments} <= names
+    seg = work / "deployments" / "sq-solo" / plan.models[0].segments[-1].file
+    seg.write_bytes(seg.read_bytes()[:-1])
+    with pytest.raises(ArtifactError, match="not the segment the plan names"):
+        build(work, "sq-solo", p)
+
+
+def test_a_device_pulls_the_streamed_plan_checks_it_and_refuses_a_mismatched_one(planned, tmp_path):
+    import dataclasses
+    import json
+
+    from edgeplan.bundle import keys
+    from edgeplan.bundle.build import build
+    from edgeplan.bundle.manifest import BlobRef, sha256
+    from edgeplan.bundle.publish import publish
+    from edgeplan.pipeline.planning import plan_swapless
+    from edgeplan.runtime import pull
+    from edgeplan.runtime.pull import HealthCheckFailed
+    from edgeplan.store import open_store
+
+    root, _, p, plan, _ = planned
+    work = tmp_path / "artifacts"
+    shutil.copytree(root, work)
+    plan_swapless(work, "sq-solo", p)
+    _, key_path, _ = keys.generate(tmp_path / "keys")
+    key, trusted = keys.load_signing_key(key_path), keys.load_trusted([tmp_path / "keys"])
+    store = open_store(tmp_path / "store")
+    devices = fleet.load(p).devices
+    bundle = build(work, "sq-solo", p)
+    publish(store, bundle, key, trusted, devices)
+    res = pull(store, tmp_path / "dev", trusted, device_id="edge-9", accelerator="none")
+    assert res.activated and set(stream.load_plans(res.path, pull_manifest(res.path))) == {"sq"}
+    # a signed revision whose plan names a segment hash that is not its blob's: refused, the first stays
+    name = "deployments/sq-solo/plans/flashmem.json"
+    doc = json.loads(bundle.blobs[name])
+    doc["models"][0]["segments"][0]["sha256"] = "0" * 64
+    blobs = {**bundle.blobs, name: json.dumps(doc).encode()}
+    refs = tuple(BlobRef(n, "application/json" if n.endswith(".json") else "application/octet-stream", len(b),
+                         sha256(b)) for n, b in sorted(blobs.items()))
+    publish(store, dataclasses.replace(bundle, blobs=blobs, refs=refs), key, trusted, devices)
+    with pytest.raises(HealthCheckFailed, match="not a blob of this revision with the hash"):
+        pull(store, tmp_path / "dev", trusted, device_id="edge-9", accelerator="none")
+    assert (tmp_path / "dev" / "current").resolve() == res.path.resolve()
+
+
+def pull_manifest(rev_dir):
+    from edgeplan.runtime.pull import read_manifest
+
+    return read_manifest(rev_dir)
