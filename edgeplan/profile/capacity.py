@@ -53,6 +53,8 @@ class LayerLoad:
     beside_read_ms: tuple[float, ...]  # per rate of ``LoadCapacity.rates_mb_s``
     beside_build_ms: float
     build_ms: float
+    built_bytes: int = 0  # its built interpreter beyond the blob: the measured RSS of all built at once, shared out
+    # by weight bytes + arena span
 
     def slowdown(self, k: int) -> float:
         """Fractional slowdown beside the loader at rate k (``len(rates)``: beside a build)."""
@@ -66,6 +68,7 @@ class LoadCapacity:
     layers: tuple[LayerLoad, ...]
     probe_ms: float  # the speed probe's median in the same rounds
     rounds: int
+    rss_built_bytes: int = 0  # measured: the resident set all layers' interpreters added, built at once
 
 
 class _Pressure:
@@ -127,6 +130,26 @@ class _Pressure:
             os.close(fd)
 
 
+def arena_bytes(it) -> int:
+    """The span of a built interpreter's non-constant tensors (op outputs and inputs) in memory: its arena."""
+    live = {int(i) for op in it._get_ops_details() for i in op["outputs"]} | {
+        int(d["index"]) for d in it.get_input_details()}
+    spans = []
+    for i in live:
+        try:
+            a = it.tensor(i)()
+        except ValueError:
+            continue
+        if a.nbytes:
+            spans.append((a.ctypes.data, a.nbytes))
+    return max(a + n for a, n in spans) - min(a for a, _ in spans) if spans else 0
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def _batch(it, reps: int) -> float:
     t0 = time.perf_counter()
     for _ in range(reps):
@@ -156,7 +179,15 @@ def measure(segments: list[tuple[str, str, int, bytes]], scratch: Path, probe: P
     from ai_edge_litert.interpreter import Interpreter
 
     rng = np.random.default_rng(seed)
-    its, builds = [], []
+    probe_it = Interpreter(model_path=str(probe), num_threads=1)  # first: the one-time costs of the first build
+    probe_it.allocate_tensors()
+    probe_it.invoke()
+    its, builds, built = [], [], []
+    before_all = _rss()
+
+    def weight_of(i: int) -> int:
+        return segments[i][2]
+
     for _, _, _, blob in segments:
         t0 = time.perf_counter()
         it = Interpreter(model_content=blob, num_threads=1)
@@ -168,9 +199,15 @@ def measure(segments: list[tuple[str, str, int, bytes]], scratch: Path, probe: P
                  else rng.uniform(-1, 1, size=d["shape"])).astype(d["dtype"])
             it.set_tensor(d["index"], x)
         it.invoke()
+        # weights (XNNPACK's packed copy) plus the arena span: an RSS delta per build is too lumpy to use (the
+        # allocator grows in MB steps), so the measured sum is shared out by these below
+        built.append(weight_of(len(its)) + arena_bytes(it))
         its.append(it)
-    probe_it = Interpreter(model_path=str(probe), num_threads=1)
-    probe_it.allocate_tensors()
+    rss_built = max(0, _rss() - before_all)
+    # the measured sum shared out by weights + arena (the estimate alone over-counts: ~1.8x on ResNet50, where
+    # XNNPACK does not keep a full second copy of int8 weights and arenas are not all touched)
+    scale = rss_built / sum(built) if sum(built) else 0.0
+    built = [round(b * scale) for b in built]
     reps = [max(1, int(BATCH_MS / max(1e-3, _batch(it, 3)))) for it in its]
     # the build beside each layer: the model's quickest segment to build (a lower bound on any streamed build)
     quickest = min(range(len(segments)), key=lambda i: builds[i])
@@ -200,8 +237,8 @@ def measure(segments: list[tuple[str, str, int, bytes]], scratch: Path, probe: P
     for i, (name, op, weight, blob) in enumerate(segments):
         med = [statistics.median(ts) for ts in times[i]]
         layers.append(LayerLoad(i, name, op, op_class(op), weight, len(blob), med[0], tuple(med[1:-1]), med[-1],
-                                builds[i]))
-    return LoadCapacity(tuple(rates_mb_s), tuple(layers), statistics.median(probe_times), rounds)
+                                builds[i], built[i]))
+    return LoadCapacity(tuple(rates_mb_s), tuple(layers), statistics.median(probe_times), rounds, rss_built)
 
 
 def capacity(layer: LayerLoad, rates_mb_s: tuple[float, ...], chunk_bytes: int,

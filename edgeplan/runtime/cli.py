@@ -1,4 +1,4 @@
-"""``edgeplan-runtime``: the device side. pull / rollback / status / serve / loadgen / profile.
+"""``edgeplan-runtime``: the device side. pull / rollback / status / serve / loadgen / fifo / profile.
 Standard library, numpy, ai-edge-litert and cryptography only (boto3 for s3:// stores)."""
 from __future__ import annotations
 
@@ -173,6 +173,29 @@ def _rate(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected MODEL=RATE (requests/s)") from None
 
 
+def cmd_fifo(args) -> int:
+    from edgeplan.runtime import fifo
+    from edgeplan.runtime.pull import read_manifest
+
+    rev = Path(args.dir)
+    rev = (rev / "current").resolve() if (rev / "current").exists() else rev
+    if not (rev / "manifest.json").is_file():
+        raise EdgeplanError(f"{args.dir}: no active revision (run `edgeplan-runtime pull` first)")
+    manifest = read_manifest(rev)
+    models = [m for m in args.models.split(",") if m] if args.models else [e.name for e in manifest.models]
+    res = fifo.run(rev, manifest, models, args.iterations, args.stream_mode, cold=not args.warm)
+    print(f"FIFO over {', '.join(models)} x {args.iterations} ({args.stream_mode}, "
+          f"{'warm page cache' if args.warm else 'cold: pages dropped before each request'}): peak resident set "
+          f"{res.peak_above_baseline_bytes / 1e6:.1f} MB above the {res.baseline_bytes / 1e6:.1f} MB before it")
+    for name, ms in res.summary().items():
+        stalls = [r["stall_ms"] for r in res.requests if r["model"] == name]
+        print(f"  {name}: median {ms:.1f} ms per request (read + build + run), stalls median {sorted(stalls)[len(stalls) // 2]:.1f} ms")
+    if args.out:
+        Path(args.out).write_text(json.dumps(res.__dict__, indent=1))
+        print(f"wrote {args.out} (every request, and the resident-set timeline every 2 ms)")
+    return 0
+
+
 def cmd_loadgen(args) -> int:
     from edgeplan.runtime import loadgen
     from edgeplan.runtime.model import load_inputs
@@ -287,6 +310,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     serving(sp)
     sp.set_defaults(func=cmd_loadgen)
+    sp = sub.add_parser("fifo", help="FlashMem's FIFO workload: each model read, built, run and dropped in turn",
+                        description="Runs the models one request at a time, FIFO, for --iterations rounds; each "
+                        "request reads its model from the revision (page cache dropped first unless --warm), "
+                        "streamed as the revision's FlashMem plan says (or --stream-mode), and drops it. Prints the "
+                        "peak resident set above the one before the first request (VmHWM and a 2 ms sampler) and "
+                        "the median time per request.")
+    sp.add_argument("dir", help="the --dest of pull (or a revision directory)")
+    sp.add_argument("--models", help="comma-separated, in FIFO order (default: every model of the revision)")
+    sp.add_argument("--iterations", type=int, default=10, help="rounds (default 10)")
+    sp.add_argument("--stream-mode", default="plan",
+                    choices=("plan", "preload", "serial", "always-next", "same-op-type"),
+                    help="plan (default), preload (the whole model as one interpreter), or a streaming baseline")
+    sp.add_argument("--warm", action="store_true", help="keep the page cache (figures are then warm)")
+    sp.add_argument("--out", help="write every request and the resident-set timeline as JSON")
+    sp.set_defaults(func=cmd_fifo)
     sp = sub.add_parser("profile", help="run a fleet profiling job on this device and upload the result",
                         description="Reads the job (s3://.../jobs/<id>/job.json or a local path to it), times the "
                         "active revision's suffixes on this CPU with the profiler, compares with the profiles the "

@@ -133,14 +133,30 @@ def run_preloaded(model: Path, inputs: dict[str, np.ndarray], interpreter: Calla
     return {d["name"]: it.get_tensor(d["index"]).copy() for d in it.get_output_details()}
 
 
+def return_freed_memory() -> bool:
+    """Make glibc hand freed large blocks back to the kernel (a fixed 128 KiB mmap threshold). By default the
+    threshold rises to the largest block freed, so a dropped segment's buffers stay in the heap and the resident
+    set never falls: measured on ResNet50 int8 streamed FIFO, 42-56 MB peak above the start with the default,
+    21-22 MB with this (the whole model preloaded: 63-64 MB either way). Process-wide; False off glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(-3, 128 * 1024))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
 class Streamer:
     """Runs ``segments`` on one request as ``steps`` say; ``interpreter(bytes)`` builds an allocated
-    interpreter (the caller picks kernels and threads)."""
+    interpreter (the caller picks kernels and threads). Sets ``return_freed_memory`` for the process."""
 
     def __init__(self, segments: list[Segment], steps: list[Step], interpreter: Callable[[bytes], object],
                  mode: str = "plan"):
         if len(segments) != len(steps):
             raise StreamError(f"{len(steps)} loader steps for {len(segments)} segments")
+        return_freed_memory()
         self.segments, self.steps, self.interpreter, self.mode = segments, steps, interpreter, mode
 
     def run(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], RunLog]:

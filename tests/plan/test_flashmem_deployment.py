@@ -99,45 +99,68 @@ def test_the_bundle_carries_the_plan_and_its_segments_and_refuses_a_stale_one(pl
         build(work, "sq-solo", p)
 
 
-def test_a_device_pulls_the_streamed_plan_checks_it_and_refuses_a_mismatched_one(planned, tmp_path):
-    import dataclasses
-    import json
-
+@pytest.fixture(scope="module")
+def device(planned, tmp_path_factory):
+    """sq-solo published with its FlashMem plan and pulled by a device: (pull result, what made it)."""
     from edgeplan.bundle import keys
     from edgeplan.bundle.build import build
-    from edgeplan.bundle.manifest import BlobRef, sha256
     from edgeplan.bundle.publish import publish
     from edgeplan.pipeline.planning import plan_swapless
     from edgeplan.runtime import pull
-    from edgeplan.runtime.pull import HealthCheckFailed
     from edgeplan.store import open_store
 
-    root, _, p, plan, _ = planned
-    work = tmp_path / "artifacts"
+    root, _, p, _, _ = planned
+    tmp = tmp_path_factory.mktemp("device")
+    work = tmp / "artifacts"
     shutil.copytree(root, work)
     plan_swapless(work, "sq-solo", p)
-    _, key_path, _ = keys.generate(tmp_path / "keys")
-    key, trusted = keys.load_signing_key(key_path), keys.load_trusted([tmp_path / "keys"])
-    store = open_store(tmp_path / "store")
-    devices = fleet.load(p).devices
+    _, key_path, _ = keys.generate(tmp / "keys")
+    key, trusted = keys.load_signing_key(key_path), keys.load_trusted([tmp / "keys"])
+    store = open_store(tmp / "store")
     bundle = build(work, "sq-solo", p)
-    publish(store, bundle, key, trusted, devices)
-    res = pull(store, tmp_path / "dev", trusted, device_id="edge-9", accelerator="none")
-    assert res.activated and set(stream.load_plans(res.path, pull_manifest(res.path))) == {"sq"}
+    publish(store, bundle, key, trusted, fleet.load(p).devices)
+    res = pull(store, tmp / "dev", trusted, device_id="edge-9", accelerator="none")
+    return res, {"store": store, "key": key, "trusted": trusted, "bundle": bundle, "params": p, "dest": tmp / "dev"}
+
+
+def test_a_device_pulls_the_streamed_plan_checks_it_and_refuses_a_mismatched_one(device):
+    import dataclasses
+    import json
+
+    from edgeplan.bundle.manifest import BlobRef, sha256
+    from edgeplan.bundle.publish import publish
+    from edgeplan.runtime import pull
+    from edgeplan.runtime.pull import HealthCheckFailed, read_manifest
+
+    res, made = device
+    assert res.activated and set(stream.load_plans(res.path, read_manifest(res.path))) == {"sq"}
     # a signed revision whose plan names a segment hash that is not its blob's: refused, the first stays
+    bundle = made["bundle"]
     name = "deployments/sq-solo/plans/flashmem.json"
     doc = json.loads(bundle.blobs[name])
     doc["models"][0]["segments"][0]["sha256"] = "0" * 64
     blobs = {**bundle.blobs, name: json.dumps(doc).encode()}
     refs = tuple(BlobRef(n, "application/json" if n.endswith(".json") else "application/octet-stream", len(b),
                          sha256(b)) for n, b in sorted(blobs.items()))
-    publish(store, dataclasses.replace(bundle, blobs=blobs, refs=refs), key, trusted, devices)
+    store, trusted = made["store"], made["trusted"]
+    publish(store, dataclasses.replace(bundle, blobs=blobs, refs=refs), made["key"], trusted,
+            fleet.load(made["params"]).devices)
     with pytest.raises(HealthCheckFailed, match="not a blob of this revision with the hash"):
-        pull(store, tmp_path / "dev", trusted, device_id="edge-9", accelerator="none")
-    assert (tmp_path / "dev" / "current").resolve() == res.path.resolve()
+        pull(store, made["dest"], trusted, device_id="edge-9", accelerator="none")
+    assert (made["dest"] / "current").resolve() == res.path.resolve()
 
 
-def pull_manifest(rev_dir):
-    from edgeplan.runtime.pull import read_manifest
+@pytest.mark.parametrize("mode", ["plan", "preload"])
+def test_fifo_runs_every_request_and_measures_the_peak(device, mode, tmp_path):
+    import json
 
-    return read_manifest(rev_dir)
+    from edgeplan.runtime.cli import main
+
+    res, made = device
+    out = tmp_path / "fifo.json"
+    assert main(["fifo", str(made["dest"]), "--models", "sq,sq", "--iterations", "2", "--stream-mode", mode,
+                 "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["mode"] == mode and got["cold"] and len(got["requests"]) == 4
+    assert got["peak_above_baseline_bytes"] > 0 and len(got["timeline"]) >= 2
+    assert all(r["ms"] > 0 for r in got["requests"])

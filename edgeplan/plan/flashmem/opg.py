@@ -21,6 +21,7 @@ import os
 import pickle
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -65,12 +66,18 @@ def must_isolate() -> bool:
 
 
 _CHILD: subprocess.Popen | None = None
+_CHILD_LOCK = threading.Lock()  # task threads plan deployments at once; one call on the pipe at a time
 
 
 def isolated(fn, *args):
     """``fn(*args)`` in the solver process (``python -m edgeplan.plan.flashmem.opg``: it imports only
     edgeplan's planner and OR-Tools), started once and reused, ended with this process; pickles over pipes.
     Not ``multiprocessing``'s spawn, which re-imports the caller's main script."""
+    with _CHILD_LOCK:
+        return _call(fn, args)
+
+
+def _call(fn, args):
     global _CHILD
     if _CHILD is None or _CHILD.poll() is not None:
         _CHILD = subprocess.Popen([sys.executable, "-m", "edgeplan.plan.flashmem.opg"], stdin=subprocess.PIPE,

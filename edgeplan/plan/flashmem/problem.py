@@ -43,6 +43,7 @@ class Layer:
     capacity_chunks: int  # C_l: chunks of S bytes it can read beside itself within its class threshold
     capacity_build_ms: float  # interpreter build time it can shadow (0 for hierarchical layers)
     build_ms: float = 0.0  # building this layer's own segment
+    built_bytes: int | None = None  # measured resident set of its built segment beyond the blob (else packed_factor)
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,10 @@ class Problem:
         return math.ceil(self.layers[i].weight_bytes / t / KIB) if t else 0
 
     def packed_kib(self, i: int) -> int:
-        return math.ceil(self.packed_factor * self.layers[i].weight_bytes / KIB)
+        """KiB a built segment holds beyond its read weights: measured (packed weights, arena, interpreter) when
+        the profile has it, else ``packed_factor`` x its weights."""
+        built = self.layers[i].built_bytes
+        return math.ceil((built if built is not None else self.packed_factor * self.layers[i].weight_bytes) / KIB)
 
     def full_kib(self, i: int) -> int:
         """KiB layer i's weight occupies once read and built."""
