@@ -53,8 +53,8 @@ class LayerLoad:
     beside_read_ms: tuple[float, ...]  # per rate of ``LoadCapacity.rates_mb_s``
     beside_build_ms: float
     build_ms: float
-    built_bytes: int = 0  # its built interpreter beyond the blob: the measured RSS of all built at once, shared out
-    # by weight bytes + arena span
+    built_bytes: int = 0  # its built interpreter beyond the blob: a + b x (weight bytes + arena span), a and b from
+    # the measured resident set of half and of all the layers built
 
     def slowdown(self, k: int) -> float:
         """Fractional slowdown beside the loader at rate k (``len(rates)``: beside a build)."""
@@ -130,6 +130,21 @@ class _Pressure:
             os.close(fd)
 
 
+def _share(total: int, half: int, est: list[int]) -> list[int]:
+    """Each layer's built memory a + b x est from the resident set of the even layers (``half``) and of all
+    (``total``); proportional (a = 0) when the two do not give a positive pair."""
+    n, n_even = len(est), len(est[0::2])
+    e_all, e_even = sum(est), sum(est[0::2])
+    det = e_all * n_even - e_even * n
+    a = b = -1.0
+    if det:
+        b = (total * n_even - half * n) / det
+        a = (total - b * e_all) / n
+    if a < 0 or b < 0:
+        a, b = 0.0, (total / e_all if e_all else 0.0)
+    return [round(a + b * e) for e in est]
+
+
 def arena_bytes(it) -> int:
     """The span of a built interpreter's non-constant tensors (op outputs and inputs) in memory: its arena."""
     live = {int(i) for op in it._get_ops_details() for i in op["outputs"]} | {
@@ -178,36 +193,36 @@ def measure(segments: list[tuple[str, str, int, bytes]], scratch: Path, probe: P
     a file of at least a few MB the loader reads (its pages are dropped as it goes)."""
     from ai_edge_litert.interpreter import Interpreter
 
+    from edgeplan.runtime.stream import return_freed_memory
+
+    return_freed_memory()  # the allocator as the streaming runtime sets it, so the resident set is comparable
     rng = np.random.default_rng(seed)
     probe_it = Interpreter(model_path=str(probe), num_threads=1)  # first: the one-time costs of the first build
     probe_it.allocate_tensors()
     probe_it.invoke()
-    its, builds, built = [], [], []
-    before_all = _rss()
-
-    def weight_of(i: int) -> int:
-        return segments[i][2]
-
-    for _, _, _, blob in segments:
+    n = len(segments)
+    its, builds, est = [None] * n, [0.0] * n, [0] * n
+    before = _rss()
+    half = 0
+    # even layers first, then odd: the resident set after each half gives two equations for a fixed cost per
+    # interpreter and a cost per byte of weights + arena (a per-build RSS delta is too lumpy: glibc grows in MB steps)
+    for i in [*range(0, n, 2), *range(1, n, 2)]:
         t0 = time.perf_counter()
-        it = Interpreter(model_content=blob, num_threads=1)
+        it = Interpreter(model_content=segments[i][3], num_threads=1)
         it.allocate_tensors()
-        builds.append((time.perf_counter() - t0) * 1e3)
+        builds[i] = (time.perf_counter() - t0) * 1e3
         for d in it.get_input_details():
             info = np.iinfo(d["dtype"]) if np.issubdtype(d["dtype"], np.integer) else None
             x = (rng.integers(info.min, info.max, size=d["shape"], endpoint=True) if info is not None
                  else rng.uniform(-1, 1, size=d["shape"])).astype(d["dtype"])
             it.set_tensor(d["index"], x)
         it.invoke()
-        # weights (XNNPACK's packed copy) plus the arena span: an RSS delta per build is too lumpy to use (the
-        # allocator grows in MB steps), so the measured sum is shared out by these below
-        built.append(weight_of(len(its)) + arena_bytes(it))
-        its.append(it)
-    rss_built = max(0, _rss() - before_all)
-    # the measured sum shared out by weights + arena (the estimate alone over-counts: ~1.8x on ResNet50, where
-    # XNNPACK does not keep a full second copy of int8 weights and arenas are not all touched)
-    scale = rss_built / sum(built) if sum(built) else 0.0
-    built = [round(b * scale) for b in built]
+        est[i] = segments[i][2] + arena_bytes(it)  # weights (XNNPACK's packed copy) + the arena span
+        its[i] = it
+        if i == (n - 1 if n % 2 else n - 2):  # the last even layer: the first half is built
+            half = max(0, _rss() - before)
+    rss_built = max(0, _rss() - before)
+    built = _share(rss_built, half, est)
     reps = [max(1, int(BATCH_MS / max(1e-3, _batch(it, 3)))) for it in its]
     # the build beside each layer: the model's quickest segment to build (a lower bound on any streamed build)
     quickest = min(range(len(segments)), key=lambda i: builds[i])

@@ -72,3 +72,13 @@ def test_the_slowdown_model_predicts_every_layer_and_condition(measured):
     assert len(measured_c) == len(predicted_c) == len(run.layers)
     hier = [i for i, layer in enumerate(run.layers) if layer.op_class == "hierarchical"]
     assert all(predicted_c[i] == (0, 0.0) for i in hier)
+
+
+def test_built_memory_is_shared_out_as_a_fixed_cost_plus_a_cost_per_byte():
+    est = [100, 300, 200, 400, 1000]
+    a, b = 50, 2
+    total = sum(a + b * e for e in est)
+    half = sum(a + b * e for e in est[0::2])  # the even layers, built first
+    assert cap._share(total, half, est) == [a + b * e for e in est]
+    # sums that cannot separate the two costs (equal estimates) fall back to shares proportional to the estimate
+    assert cap._share(1200, 1100, [100, 100, 100, 100]) == [300, 300, 300, 300]
