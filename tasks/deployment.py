@@ -42,21 +42,18 @@ def plan(root: str, name: str, params: dict):
 
 
 def _flashmem(root: Path, name: str, params: dict) -> None:
-    from edgeplan.errors import EdgeplanError
-    from edgeplan.plan.flashmem.deployment import plan_flashmem, why_not
+    from edgeplan.errors import ArtifactError, EdgeplanError, ProfileError
+    from edgeplan.plan.flashmem.deployment import plan_flashmem
 
     log = get_run_logger()
-    stale = root / "deployments" / name / "plans" / "flashmem.json"
-    reason = why_not(root, name, params)
-    if reason:
-        stale.unlink(missing_ok=True)  # a plan for other versions must not travel with this revision
-        log.info("no FlashMem plan for %s: %s", name, reason)
-        return
     try:
         plan = plan_flashmem(root, name, params)[0]
-    except EdgeplanError as e:  # SwapLess still publishes; the streamed plan says why it is missing
-        stale.unlink(missing_ok=True)
-        log.warning("no FlashMem plan for %s: %s", name, e)
+    except EdgeplanError as e:  # SwapLess still publishes; the log says why the streamed plan is missing
+        # a plan for other versions must not travel with this revision
+        (root / "deployments" / name / "plans" / "flashmem.json").unlink(missing_ok=True)
+        # no streaming layers or no measured capacity (what a model lacks) is expected; anything else is not
+        level = log.info if isinstance(e, (ArtifactError, ProfileError)) else log.warning
+        level("no FlashMem plan for %s: %s", name, e)
         return
     log.info("FlashMem plan for %s: %s", name, "; ".join(
         f"{m.name} peak {m.plan.peak_resident_bytes / 1e6:.1f} of {m.preload_peak_bytes / 1e6:.1f} MB, tiers "

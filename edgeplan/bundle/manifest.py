@@ -142,24 +142,15 @@ class Manifest(_Signed, _Record):
     @classmethod
     def from_json(cls, data: dict, *, source: str = "<dict>"):
         if data.get("schema_version") == 1 and "plans" not in data:
-            return super().from_json({**data, "schema_version": 2}, source=source).as_schema_1()
+            return replace(super().from_json({**data, "schema_version": 2}, source=source), schema_version=1)
         return super().from_json(data, source=source)
 
-    def as_schema_1(self) -> Manifest:
-        return replace(self, schema_version=1)
-
-    def payload(self) -> bytes:
-        data = self.to_json()
-        data.pop("signature")
+    def to_json(self) -> dict:
+        """A schema-1 manifest has no ``plans`` field: neither in its bytes nor in what its signature covers."""
+        data = super().to_json()
         if self.schema_version == 1:
             data.pop("plans")
-        return canonical(data)
-
-    def encoded(self) -> bytes:
-        data = self.to_json()
-        if self.schema_version == 1:
-            data.pop("plans")
-        return canonical(data)
+        return data
 
     def blob(self, name: str) -> BlobRef:
         for b in self.blobs:

@@ -17,7 +17,9 @@ from pathlib import Path
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def _rss(pid: int) -> int:
+def rss(pid: int | None = None) -> int:
+    """Resident set of ``pid`` (default: this process), bytes; 0 when /proc cannot say."""
+    pid = pid or os.getpid()
     try:
         with open(f"/proc/{pid}/statm", "rb") as f:
             return int(f.read().split()[1]) * PAGE
@@ -44,7 +46,7 @@ def tree_rss(pid: int | None = None) -> int:
         if p in seen:
             continue
         seen.add(p)
-        total += _rss(p)
+        total += rss(p)
         todo += _children(p)
     return total
 

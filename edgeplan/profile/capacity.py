@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgeplan.pipeline.memory import rss
+
 # FlashMem Table 5: reusable ops reuse their data (high tolerance), hierarchical ones synchronise in steps
 # (none: FlashMem does not overlap them), elemental are everything else (memory-bound, cheap).
 OP_CLASS = {
@@ -160,11 +162,6 @@ def arena_bytes(it) -> int:
     return max(a + n for a, n in spans) - min(a for a, _ in spans) if spans else 0
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def _batch(it, reps: int) -> float:
     t0 = time.perf_counter()
     for _ in range(reps):
@@ -193,6 +190,7 @@ def measure(segments: list[tuple[str, str, int, bytes]], scratch: Path, probe: P
     a file of at least a few MB the loader reads (its pages are dropped as it goes)."""
     from ai_edge_litert.interpreter import Interpreter
 
+    from edgeplan.profile.cpu import random_inputs
     from edgeplan.runtime.stream import return_freed_memory
 
     return_freed_memory()  # the allocator as the streaming runtime sets it, so the resident set is comparable
@@ -202,7 +200,7 @@ def measure(segments: list[tuple[str, str, int, bytes]], scratch: Path, probe: P
     probe_it.invoke()
     n = len(segments)
     its, builds, est = [None] * n, [0.0] * n, [0] * n
-    before = _rss()
+    before = rss()
     half = 0
     # even layers first, then odd: the resident set after each half gives two equations for a fixed cost per
     # interpreter and a cost per byte of weights + arena (a per-build RSS delta is too lumpy: glibc grows in MB steps)
@@ -211,17 +209,13 @@ def measure(segments: list[tuple[str, str, int, bytes]], scratch: Path, probe: P
         it = Interpreter(model_content=segments[i][3], num_threads=1)
         it.allocate_tensors()
         builds[i] = (time.perf_counter() - t0) * 1e3
-        for d in it.get_input_details():
-            info = np.iinfo(d["dtype"]) if np.issubdtype(d["dtype"], np.integer) else None
-            x = (rng.integers(info.min, info.max, size=d["shape"], endpoint=True) if info is not None
-                 else rng.uniform(-1, 1, size=d["shape"])).astype(d["dtype"])
-            it.set_tensor(d["index"], x)
+        random_inputs(it, rng)
         it.invoke()
         est[i] = segments[i][2] + arena_bytes(it)  # weights (XNNPACK's packed copy) + the arena span
         its[i] = it
         if i == (n - 1 if n % 2 else n - 2):  # the last even layer: the first half is built
-            half = max(0, _rss() - before)
-    rss_built = max(0, _rss() - before)
+            half = max(0, rss() - before)
+    rss_built = max(0, rss() - before)
     built = _share(rss_built, half, est)
     reps = [max(1, int(BATCH_MS / max(1e-3, _batch(it, 3)))) for it in its]
     # the build beside each layer: the model's quickest segment to build (a lower bound on any streamed build)

@@ -94,6 +94,19 @@ def _interpreter(path: str, threads: int, settings: Settings, rng):
     resolver = OpResolverType.AUTO if settings.kernels == "xnnpack" else OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
     it = Interpreter(model_path=path, num_threads=threads, experimental_op_resolver_type=resolver)
     it.allocate_tensors()
+    inputs = random_inputs(it, rng)
+
+    def size(details):
+        return int(sum(np.prod(d["shape"]) * np.dtype(d["dtype"]).itemsize for d in details))
+
+    return it, size(inputs), size(it.get_output_details())
+
+
+def random_inputs(it, rng) -> list[dict]:
+    """Set every input of an allocated interpreter to random values (integers over their dtype's range, floats
+    in [-1, 1]); returns the input details."""
+    import numpy as np
+
     inputs = it.get_input_details()
     for d in inputs:
         if np.issubdtype(d["dtype"], np.integer):
@@ -102,11 +115,7 @@ def _interpreter(path: str, threads: int, settings: Settings, rng):
         else:
             x = rng.uniform(-1, 1, size=d["shape"]).astype(d["dtype"])
         it.set_tensor(d["index"], x)
-
-    def size(details):
-        return int(sum(np.prod(d["shape"]) * np.dtype(d["dtype"]).itemsize for d in details))
-
-    return it, size(inputs), size(it.get_output_details())
+    return inputs
 
 
 def _timed(it) -> float:

@@ -19,6 +19,7 @@ from tensorflow.lite.python import schema_py_generated as schema
 from edgeplan.errors import CutError
 from edgeplan.quantize.cut import _submodel
 from edgeplan.quantize.tflite_graph import TfliteGraph
+from edgeplan.runtime.stream import run_chain  # noqa: F401  (the pipeline checks the chain the device runs)
 
 WEIGHTED = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV", "BATCH_MATMUL", "CONV_3D")
 SPLITTABLE = ("CONV_2D", "FULLY_CONNECTED")  # output channel = weight dim 0, output's last dim
@@ -72,21 +73,6 @@ def segments(graph: TfliteGraph, groups: list[tuple[int, int]]) -> list[bytes]:
             b[0] != a[1] + 1 or b[0] > b[1] for a, b in zip(groups, groups[1:])):
         raise CutError(f"segment groups {groups} do not cover the {len(ls)} layers in order")
     return [cut_range(graph, ls[a].first_op, ls[b].last_op, f"s{k}") for k, (a, b) in enumerate(groups)]
-
-
-def run_chain(segs: list[bytes], x: dict[str, np.ndarray], interpreter) -> dict[str, np.ndarray]:
-    """Run segments in turn, tensors passed by name; returns every tensor the last segment outputs.
-    ``interpreter(bytes)`` builds an allocated LiteRT interpreter (the caller picks the kernels)."""
-    live = dict(x)
-    out: dict[str, np.ndarray] = {}
-    for seg in segs:
-        it = interpreter(seg)
-        for d in it.get_input_details():
-            it.set_tensor(d["index"], live[d["name"]])
-        it.invoke()
-        out = {d["name"]: it.get_tensor(d["index"]).copy() for d in it.get_output_details()}
-        live.update(out)
-    return out
 
 
 def split_large_ops(data: bytes, max_bytes: int) -> bytes:

@@ -19,15 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from edgeplan.errors import EdgeplanError
+from edgeplan.pipeline.memory import rss
 from edgeplan.runtime import stream
-
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
-
 
 def reset_hwm() -> bool:
     """Reset the kernel's high-water mark of the resident set (VmHWM) to the current one."""
@@ -62,11 +55,11 @@ class RssSampler:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.samples.append((time.perf_counter() - self._t0, rss_bytes()))
+        self.samples.append((time.perf_counter() - self._t0, rss()))
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.perf_counter() - self._t0, rss_bytes()))
+            self.samples.append((time.perf_counter() - self._t0, rss()))
             self._stop.wait(self.period_s)
 
 
@@ -123,7 +116,7 @@ def run(rev_dir: Path, manifest, models: list[str], iterations: int, mode: str =
         streamer = stream.Streamer(segs, stream.schedule(segs, mode, m.plan), interp, mode)
         jobs[name] = (lambda s=streamer, key=segs[0].inputs[0], x=x: _streamed(s, {key: x}), [s.path for s in segs])
     hwm = reset_hwm()
-    baseline = rss_bytes()
+    baseline = rss()
     result = FifoResult(mode, cold, list(models), iterations, baseline, 0)
     with RssSampler() as sampler:
         for it in range(iterations):

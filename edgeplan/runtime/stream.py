@@ -123,14 +123,30 @@ def _from_plan(segments: list[Segment], plan: OverlapPlan, n: int) -> list[Step]
     return steps
 
 
+def invoke_named(it, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Set an interpreter's inputs from ``tensors`` by name, invoke, return copies of its outputs by name."""
+    for d in it.get_input_details():
+        it.set_tensor(d["index"], tensors[d["name"]])
+    it.invoke()
+    return {d["name"]: it.get_tensor(d["index"]).copy() for d in it.get_output_details()}
+
+
+def run_chain(segs: list[bytes], x: dict[str, np.ndarray], interpreter: Callable[[bytes], object]
+              ) -> dict[str, np.ndarray]:
+    """Run segments in turn, tensors passed by name; returns every tensor the last segment outputs.
+    ``interpreter(bytes)`` builds an allocated LiteRT interpreter (the caller picks the kernels)."""
+    live = dict(x)
+    out: dict[str, np.ndarray] = {}
+    for seg in segs:
+        out = invoke_named(interpreter(seg), live)
+        live.update(out)
+    return out
+
+
 def run_preloaded(model: Path, inputs: dict[str, np.ndarray], interpreter: Callable[[bytes], object]
                   ) -> dict[str, np.ndarray]:
     """The ``preload`` baseline: the whole model read, built and run as one interpreter."""
-    it = interpreter(Path(model).read_bytes())
-    for d in it.get_input_details():
-        it.set_tensor(d["index"], inputs[d["name"]])
-    it.invoke()
-    return {d["name"]: it.get_tensor(d["index"]).copy() for d in it.get_output_details()}
+    return run_chain([Path(model).read_bytes()], inputs, interpreter)
 
 
 def return_freed_memory() -> bool:
@@ -186,10 +202,7 @@ class Streamer:
                     it = state["ready"].pop(k)
                 log.segments[k].stall_ms = (time.perf_counter() - t) * 1000
                 t = time.perf_counter()
-                for d in it.get_input_details():
-                    it.set_tensor(d["index"], live[d["name"]])
-                it.invoke()
-                out = {d["name"]: it.get_tensor(d["index"]).copy() for d in it.get_output_details()}
+                out = invoke_named(it, live)
                 log.segments[k].invoke_ms = (time.perf_counter() - t) * 1000
                 del it  # the segment's interpreter, packed weights and blob bytes go now
                 live.update(out)

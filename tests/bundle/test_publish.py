@@ -231,6 +231,8 @@ def test_a_schema_1_manifest_is_still_read_and_schema_2_carries_the_plans_map(de
     assert b'"plans"' not in raw and b'"schema_version":1' in raw
     back = Manifest.parse(raw, trusted, "old")
     assert back.schema_version == 1 and back.plans == {} and back.blobs == m2.blobs
+    # a device writes the verified manifest beside the revision's files and reads it back (read_manifest)
+    assert Manifest.from_json(json.loads(json.dumps(back.to_json()))) == back
     # an unknown planner, or a plan that is not a blob, is refused
     for plans in ({"nope": m2.plan}, {"flashmem": "deployments/solo/plans/flashmem.json"}):
         bad = dataclasses.replace(m2, plans=plans).signed(key)

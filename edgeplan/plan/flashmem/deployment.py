@@ -39,21 +39,6 @@ def m_peak_bytes(root: Path, name: str, ram_bytes: int, settings: dict) -> int:
     return budget
 
 
-def why_not(root: Path, name: str, params: dict) -> str | None:
-    """Why deployment ``name`` gets no FlashMem plan (a model without streaming layers or measured load
-    capacity on the class), or None."""
-    dep = deployment(params, name)
-    for m in dep["models"]:
-        version = resolve_version(root, m["name"], str(m.get("version", "latest")))
-        d = Path(root) / m["name"] / version
-        if not (d / "stream" / "stream.json").is_file():
-            return f"{m['name']} {version} has no streaming layers (edgeplan stream)"
-        path = d / "profiles" / f"{dep['device_class']}.json"
-        if not path.is_file() or Profile.load(path).load_capacity is None:
-            return f"{m['name']} {version} has no load capacity measured on {dep['device_class']}"
-    return None
-
-
 def problem(info: StreamInfo, load: cap.LoadCapacity, settings: dict, m_peak: int) -> Problem:
     if [x.name for x in load.layers] != [x.name for x in info.layers]:
         raise ArtifactError("the profile's load capacity was measured on other streaming layers than stream.json's; "

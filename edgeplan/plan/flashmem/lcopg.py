@@ -48,7 +48,7 @@ def _plan(problem: Problem, progress: Callable[[int, int], None] | None = None) 
             windows.append(stats)
         if progress:
             progress(last + 1, problem.n)
-    return finish(problem, weights, windows)
+    return finish(problem, ledger, weights, windows)
 
 
 def _window(problem: Problem, ledger: Ledger, ws: list[int], first: int, last: int

@@ -117,11 +117,9 @@ class Ledger:
         return self.problem.capacity_build_us(ell) - self.build[ell]
 
 
-def finish(problem: Problem, weights: list[WeightPlan], windows: list[WindowStats]) -> OverlapPlan:
-    """The plan record with its predicted residency and the over-capacity it accepted."""
-    ledger = Ledger(problem)
-    for w in weights:
-        ledger.commit(w)
+def finish(problem: Problem, ledger: Ledger, weights: list[WeightPlan], windows: list[WindowStats]) -> OverlapPlan:
+    """The plan record with its predicted residency and the over-capacity it accepted (``ledger``: every one
+    of ``weights`` committed)."""
     over_read = sum(max(0, -ledger.read_room(ell)) for ell in range(problem.n))
     over_build = sum(max(0, -ledger.build_room(ell)) for ell in range(problem.n))
     return OverlapPlan(
