@@ -8,6 +8,7 @@ committed (their reads, builds and resident bytes) and may read into the layers 
   incremental-preload  — the window's largest weights that fit the memory headroom are fixed in W and the
                          soft model solved again, smaller, when the soft one found nothing in time;
   greedy-latest-fit    — ``greedy.place``, when no solve produced a plan.
+Every solve starts from greedy latest-fit's placement of the window as a hint (CP-SAT repairs or improves it).
 Each window records the tier, why, and the solver's status, objective, bound, gap and seconds.
 """
 from __future__ import annotations
@@ -58,28 +59,29 @@ def _window(problem: Problem, ledger: Ledger, ws: list[int], first: int, last: i
                            s.objective if s else None, s.bound if s else None, s.gap if s else None, seconds)
 
     spent = 0.0
-    strict = opg.solve(problem, ledger, ws)
+    guess = greedy.place(problem, ledger, ws)
+    strict = opg.solve(problem, ledger, ws, hint=guess)
     spent += strict.seconds
     if strict.solved:
         why = "C0-C3 hold" if strict.status == "OPTIMAL" else f"time limit: feasible, gap {strict.gap:.3f}"
         return list(strict.weights), stats("strict", why, strict, spent)
     why = (f"strict {strict.status}: the layers' load capacity cannot stream these weights within M_peak"
            if strict.status == "INFEASIBLE" else f"strict {strict.status} after {strict.seconds:.1f} s")
-    soft = opg.solve(problem, ledger, ws, soft=True)
+    soft = opg.solve(problem, ledger, ws, soft=True, hint=guess)
     spent += soft.seconds
     if soft.solved:
         return list(soft.weights), stats("soft-capacity", why, soft, spent)
     why += f"; soft {soft.status}"
     fixed = _preloadable(problem, ledger, ws)
     if fixed:
-        smaller = opg.solve(problem, ledger, ws, soft=True, preload=fixed)
+        smaller = opg.solve(problem, ledger, ws, soft=True, preload=fixed, hint=guess)
         spent += smaller.seconds
         if smaller.solved:
             return list(smaller.weights), stats("incremental-preload", why + f"; {len(fixed)} weights fixed in W",
                                                 smaller, spent)
         why += f"; with {len(fixed)} preloaded {smaller.status}"
     log.warning("flashmem window %d-%d: %s; greedy latest-fit", first, last, why)
-    return greedy.place(problem, ledger, ws), stats("greedy-latest-fit", why, None, spent)
+    return guess, stats("greedy-latest-fit", why, None, spent)
 
 
 def _preloadable(problem: Problem, ledger: Ledger, ws: list[int]) -> frozenset[int]:

@@ -113,15 +113,18 @@ def _serve() -> None:
 
 
 def solve(problem: Problem, ledger: Ledger, ws: list[int], soft: bool = False,
-          preload: frozenset[int] = frozenset()) -> WindowSolve:
-    """Place the weights ``ws`` (layer indices) given what ``ledger`` holds already; ``preload`` fixes p_w."""
+          preload: frozenset[int] = frozenset(), hint: list[WeightPlan] = ()) -> WindowSolve:
+    """Place the weights ``ws`` (layer indices) given what ``ledger`` holds already; ``preload`` fixes p_w;
+    ``hint`` (a placement of ``ws``, e.g. greedy latest-fit's) is CP-SAT's starting point: with it the soft
+    tier has a solution from the start on chains where the search alone finds none in its time limit."""
     if must_isolate():
-        return isolated(solve, problem, ledger, ws, soft, preload)
+        return isolated(solve, problem, ledger, ws, soft, preload, hint)
     cp_model = _cp_model()
     t0 = time.perf_counter()
     m = cp_model.CpModel()
     lam = round(problem.lam * 1000)
     var: dict[int, tuple] = {}
+    order: dict[int, dict] = {}  # e_{w,l} of the paper objective
     objective = []
     lo = min(problem.load_layers(i).start for i in ws)  # before lo only preloads of this window are resident
     arriving: dict[int, list] = {}  # layer -> KiB that becomes resident at it (reads, builds)
@@ -138,8 +141,15 @@ def solve(problem: Problem, ledger: Ledger, ws: list[int], soft: bool = False,
         y = {ell: m.NewBoolVar(f"y{i}_{ell}") for ell in loads}
         m.Add(t * p + sum(x.values()) == t)  # (C0)
         m.Add(p + sum(y.values()) == 1)
-        for k in loads:  # every chunk read by the layer that builds the segment
-            m.Add(x[k] <= t * sum(y[j] for j in loads if j >= k))
+        # every chunk read by the layer that builds the segment: x_{w,k} <= T(w)·[build at k or later], the
+        # bracket a chain a_k = y_k + a_{k+1} (linear in |L(w)|; the plain sum is quadratic: 815k terms at 600 layers)
+        after, later = {}, None
+        for k in reversed(loads):
+            a = m.NewBoolVar(f"a{i}_{k}")
+            m.Add(a == y[k] + later if later is not None else a == y[k])
+            after[k], later = a, a
+        for k in loads:
+            m.Add(x[k] <= t * after[k])
         objective.append(lam * t * ck * p)
         if problem.objective == "paper":
             e = {ell: m.NewBoolVar(f"e{i}_{ell}") for ell in loads}
@@ -147,6 +157,7 @@ def solve(problem: Problem, ledger: Ledger, ws: list[int], soft: bool = False,
                 m.Add(e[a] <= e[b])  # order encoding of z_w
             for ell in loads:
                 m.Add(x[ell] <= t * e[ell])  # (C1)
+            order[i] = e
             objective.append((1000 - lam) * t * ck * sum(e.values()))
         else:
             objective.append((1000 - lam) * sum((x[ell] * ck + y[ell] * pk) * (i - ell) for ell in loads))
@@ -156,15 +167,16 @@ def solve(problem: Problem, ledger: Ledger, ws: list[int], soft: bool = False,
             if problem.build_us(i):
                 builds.setdefault(ell, []).append(y[ell] * problem.build_us(i))
         preloads.append(p * full)
-        var[i] = (p, x, y)
+        var[i] = (p, x, y, after)
     # (C2) as a running total: resident(l) = resident(l-1) + what arrives at l - the weight used at l-1
     # (a weight is complete when used: exactly full_kib of it leaves), so the model stays linear in size
     total = sum(problem.full_kib(i) for i in ws)
     if lo > 0:
         m.Add(sum(preloads) <= max(0, min(ledger.mem_room(ell) for ell in range(lo))))
     prev = None
+    resident = {}
     for ell in range(lo, max(ws) + 1):
-        r = m.NewIntVar(0, total, f"r{ell}")
+        r = resident[ell] = m.NewIntVar(0, total, f"r{ell}")
         arrived = sum(arriving.get(ell, []))
         if prev is None:
             m.Add(r == sum(preloads) + arrived)
@@ -174,16 +186,20 @@ def solve(problem: Problem, ledger: Ledger, ws: list[int], soft: bool = False,
         m.Add(r <= max(0, ledger.mem_room(ell)))
         prev = r
     penalty = 1000 * (problem.lookback + 2)  # an over-capacity KiB (or build µs) outweighs any placement
-    for rooms, table in ((ledger.read_room, reads), (ledger.build_room, builds)):
+    slacks = []
+    for kind, rooms, table in (("read", ledger.read_room, reads), ("build", ledger.build_room, builds)):
         for ell, terms in table.items():
             room = max(0, rooms(ell))
             if soft:
-                slack = m.NewIntVar(0, max(total, sum(problem.build_us(i) for i in ws)), f"s{id(table)}_{ell}")
+                slack = m.NewIntVar(0, max(total, sum(problem.build_us(i) for i in ws)), f"s{kind}{ell}")
                 m.Add(sum(terms) <= room + slack)
                 objective.append(penalty * slack)
+                slacks.append((kind, ell, room, slack))
             else:
                 m.Add(sum(terms) <= room)  # (C3)
     m.Minimize(sum(objective))
+    if hint:
+        _hint(m, ledger, var, order, resident, slacks, hint)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = problem.workers
     solver.parameters.max_time_in_seconds = problem.time_limit_s
@@ -195,7 +211,7 @@ def solve(problem: Problem, ledger: Ledger, ws: list[int], soft: bool = False,
         return WindowSolve(status, (), None, None, seconds)
     out = []
     for i in ws:
-        p, x, y = var[i]
+        p, x, y, _ = var[i]
         layer = problem.layers[i]
         if solver.Value(p):
             out.append(WeightPlan(i, layer.name, layer.weight_bytes, problem.chunks(i), True))
@@ -205,6 +221,34 @@ def solve(problem: Problem, ledger: Ledger, ws: list[int], soft: bool = False,
         out.append(WeightPlan(i, layer.name, layer.weight_bytes, problem.chunks(i), False, loads, build))
     return WindowSolve(status, tuple(out), solver.ObjectiveValue() / 1000, solver.BestObjectiveBound() / 1000,
                        seconds)
+
+
+def _hint(m, ledger: Ledger, var: dict[int, tuple], order: dict[int, dict], resident: dict, slacks: list,
+          hint) -> None:
+    """Every variable hinted (an incomplete hint is not taken as a solution): the placement's own, and the
+    residency and slacks it implies, from the ledger with the hint committed."""
+    book = ledger.copy()
+    for w in hint:
+        book.commit(w)
+    for ell, r in resident.items():
+        m.AddHint(r, book.mem[ell] - ledger.mem[ell])
+    for kind, ell, room, slack in slacks:
+        used = book.read[ell] - ledger.read[ell] if kind == "read" else book.build[ell] - ledger.build[ell]
+        m.AddHint(slack, max(0, used - room))
+    for w in hint:
+        if w.layer not in var:
+            continue
+        p, x, y, after = var[w.layer]
+        m.AddHint(p, int(w.preload))
+        got = {load.layer: load.chunks for load in w.loads}
+        for ell, v in x.items():
+            m.AddHint(v, got.get(ell, 0))
+        for ell, v in y.items():
+            m.AddHint(v, int(ell == w.build_layer))
+        for ell, v in after.items():
+            m.AddHint(v, int(w.build_layer is not None and w.build_layer >= ell))
+        for ell, v in order.get(w.layer, {}).items():
+            m.AddHint(v, int(w.z is not None and ell >= w.z))
 
 
 if __name__ == "__main__":
