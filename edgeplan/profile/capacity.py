@@ -55,8 +55,8 @@ class LayerLoad:
     beside_read_ms: tuple[float, ...]  # per rate of ``LoadCapacity.rates_mb_s``
     beside_build_ms: float
     build_ms: float
-    built_bytes: int = 0  # its built interpreter beyond the blob: a + b x (weight bytes + arena span), a and b from
-    # the measured resident set of half and of all the layers built
+    built_bytes: int = 0  # the resident set its build added (packed weights, buffers; not the blob, not the arena)
+    arena_bytes: int = 0  # its arena's span: resident once it runs (allocated untouched at build), gone when dropped
 
     def slowdown(self, k: int) -> float:
         """Fractional slowdown beside the loader at rate k (``len(rates)``: beside a build)."""
@@ -132,21 +132,6 @@ class _Pressure:
             os.close(fd)
 
 
-def _share(total: int, half: int, est: list[int]) -> list[int]:
-    """Each layer's built memory a + b x est from the resident set of the even layers (``half``) and of all
-    (``total``); proportional (a = 0) when the two do not give a positive pair."""
-    n, n_even = len(est), len(est[0::2])
-    e_all, e_even = sum(est), sum(est[0::2])
-    det = e_all * n_even - e_even * n
-    a = b = -1.0
-    if det:
-        b = (total * n_even - half * n) / det
-        a = (total - b * e_all) / n
-    if a < 0 or b < 0:
-        a, b = 0.0, (total / e_all if e_all else 0.0)
-    return [round(a + b * e) for e in est]
-
-
 def arena_bytes(it) -> int:
     """The span of a built interpreter's non-constant tensors (op outputs and inputs) in memory: its arena."""
     live = {int(i) for op in it._get_ops_details() for i in op["outputs"]} | {
@@ -199,24 +184,26 @@ def measure(segments: list[tuple[str, str, int, bytes]], scratch: Path, probe: P
     probe_it.allocate_tensors()
     probe_it.invoke()
     n = len(segments)
-    its, builds, est = [None] * n, [0.0] * n, [0] * n
+    its, builds, built = [None] * n, [0.0] * n, [0] * n
     before = rss()
-    half = 0
-    # even layers first, then odd: the resident set after each half gives two equations for a fixed cost per
-    # interpreter and a cost per byte of weights + arena (a per-build RSS delta is too lumpy: glibc grows in MB steps)
-    for i in [*range(0, n, 2), *range(1, n, 2)]:
+    # Each layer's resident set added by its build, the layers built one after another and kept: with the
+    # allocator's fixed mmap threshold a delta is its own (two passes agree within 0.1 MiB; a fit of a fixed cost +
+    # a cost per weight byte missed XNNPACK's indirection buffers, sized by output pixels x kernel area: ResNet50V2's
+    # 7x7 stem, 13 KiB of weights, adds 6.5 MiB). Built, not run: an arena is allocated at build but its pages
+    # become resident only when the segment runs (ResNet50V2's 55 layers: +41.5 MiB built, +29.2 MiB more once
+    # run, arena spans 25.7 MiB), and the runtime drops a segment right after it runs: one arena at a time.
+    for i in range(n):
+        r0 = rss()
         t0 = time.perf_counter()
         it = Interpreter(model_content=segments[i][3], num_threads=1)
         it.allocate_tensors()
         builds[i] = (time.perf_counter() - t0) * 1e3
-        random_inputs(it, rng)
-        it.invoke()
-        est[i] = segments[i][2] + arena_bytes(it)  # weights (XNNPACK's packed copy) + the arena span
+        built[i] = max(0, rss() - r0)
         its[i] = it
-        if i == (n - 1 if n % 2 else n - 2):  # the last even layer: the first half is built
-            half = max(0, rss() - before)
     rss_built = max(0, rss() - before)
-    built = _share(rss_built, half, est)
+    arenas = [arena_bytes(it) for it in its]
+    for it in its:
+        random_inputs(it, rng)
     reps = [max(1, int(BATCH_MS / max(1e-3, _batch(it, 3)))) for it in its]
     # the build beside each layer: the model's quickest segment to build (a lower bound on any streamed build)
     quickest = min(range(len(segments)), key=lambda i: builds[i])
@@ -246,7 +233,7 @@ def measure(segments: list[tuple[str, str, int, bytes]], scratch: Path, probe: P
     for i, (name, op, weight, blob) in enumerate(segments):
         med = [statistics.median(ts) for ts in times[i]]
         layers.append(LayerLoad(i, name, op, op_class(op), weight, len(blob), med[0], tuple(med[1:-1]), med[-1],
-                                builds[i], built[i]))
+                                builds[i], built[i], arenas[i]))
     return LoadCapacity(tuple(rates_mb_s), tuple(layers), statistics.median(probe_times), rounds, rss_built)
 
 

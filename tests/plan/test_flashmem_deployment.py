@@ -36,8 +36,14 @@ def planned(compiled, tmp_path_factory):
                          "models": [{"name": "sq", "version": "1", "rate": 5.0}]}]
     p["fleet"]["devices"] = [{"id": "edge-9", "device_class": "coral-usb-emulated", "deployment": "sq-solo",
                               "work_pool": "coral-usb-emulated"}]
-    weights = sum(x.weight_bytes for x in prof.load_capacity.layers)
-    plan, path = plan_flashmem(root, "sq-solo", p, m_peak=weights)  # half of all weights read and built
+    from edgeplan.artifacts import StreamInfo
+    from edgeplan.plan.flashmem.deployment import problem
+    from edgeplan.plan.flashmem.problem import min_m_peak
+
+    prob = problem(StreamInfo.load(d / "stream" / "stream.json"), prof.load_capacity, p["flashmem"], 1)
+    footprint = sum(prob.full_kib(i) for i in range(prob.n)) * 1024
+    # half the all-preloaded footprint, or what two neighbours need
+    plan, path = plan_flashmem(root, "sq-solo", p, m_peak=max(footprint // 2, min_m_peak(prob) * 5 // 4))
     return root, d, p, plan, path
 
 

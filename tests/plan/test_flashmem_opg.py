@@ -41,7 +41,8 @@ def _options(p: Problem, i: int):
 def _evaluate(p: Problem, plans: list[WeightPlan]):
     """(resident KiB, read KiB, build ms) per layer, and both objectives, from the definitions."""
     n = p.n
-    mem, read, build = [0.0] * n, [0.0] * n, [0.0] * n
+    mem = [layer.arena_bytes / 1024 for layer in p.layers]  # the running layer's arena
+    read, build = [0.0] * n, [0.0] * n
     paper = resident = 0.0
     for w in plans:
         kib = w.bytes / 1024
@@ -88,10 +89,11 @@ def problems(draw, max_layers: int = 4, below: int = 0):
         f"l{i}", draw(st.sampled_from([0, 1024, 2048, 4096])), 1.0,
         draw(st.sampled_from(["elemental", "reusable", "hierarchical"])),
         draw(st.sampled_from([0, 1, 2, 2, 3])), float(draw(st.sampled_from([0, 1, 2, 2]))),
-        build_ms=float(draw(st.integers(0, 1))))
+        build_ms=float(draw(st.integers(0, 1))), arena_bytes=draw(st.sampled_from([0, 0, 1024, 3072])))
         for i in range(n))
     need = [2 * layer.weight_bytes // 1024 for layer in layers] + [0]
-    floor = max(a + b for a, b in zip(need, need[1:]))  # below it no plan exists (``check_budget``)
+    # below it no plan exists (``check_budget``): two neighbours read and built, the first running
+    floor = max(a + layer.arena_bytes // 1024 + b for a, b, layer in zip(need, need[1:], layers))
     m_peak = 1024 * draw(st.integers(max(1, floor - below), max(1, floor - below, sum(need))))
     return Problem(layers, S, m_peak, lam=draw(st.sampled_from([0.1, 0.5, 0.9])),
                    objective=draw(st.sampled_from(["paper", "resident"])), window=n,
@@ -124,7 +126,8 @@ def test_every_plan_keeps_m_peak_and_reports_what_it_exceeds(p):
     try:
         plan = lcopg.plan(Problem(**{**p.__dict__, "window": 2}))
     except MemoryBudgetError:
-        assert any(_need(p, i) + _need(p, i + 1) > p.m_peak for i in range(p.n - 1)) or _need(p, p.n - 1) > p.m_peak
+        assert any(_need(p, i) + p.layers[i].arena_bytes + _need(p, i + 1) > p.m_peak for i in range(p.n - 1)) \
+            or _need(p, p.n - 1) + p.layers[-1].arena_bytes > p.m_peak
         return
     assert [w.layer for w in plan.weights] == [i for i in range(p.n) if p.layers[i].weight_bytes]
     for w in plan.weights:
@@ -177,3 +180,12 @@ def test_m_peak_below_two_neighbouring_weights_names_the_layer_and_the_split():
     layers = (Layer("conv", 1 << 20, 1.0, "reusable", 1, 1.0), Layer("fc1", 100 << 20, 1.0, "reusable", 1, 1.0))
     with pytest.raises(MemoryBudgetError, match=r"layer 1 \(fc1\) holds 100.0 MiB.*splitting fc1 .* into \d+ parts"):
         lcopg.plan(Problem(layers, 1 << 20, m_peak=64 << 20))
+
+
+def test_m_peak_below_a_layer_of_buffers_and_arena_says_a_split_does_not_help():
+    layers = (Layer("stem", 16 << 10, 1.0, "reusable", 1, 1.0, built_bytes=6 << 20, arena_bytes=2 << 20),
+              Layer("conv", 64 << 10, 1.0, "reusable", 1, 1.0))
+    with pytest.raises(MemoryBudgetError, match=r"layer 0 \(stem\) .* a 2.0 MiB arena; most of it is activations "
+                                                r"and buffers, which a split does not shrink; or raise M_peak "
+                                                r"\(at least 8.\d MiB\)"):
+        lcopg.plan(Problem(layers, 1 << 16, m_peak=4 << 20))

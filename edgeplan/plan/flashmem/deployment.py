@@ -48,7 +48,7 @@ def problem(info: StreamInfo, load: cap.LoadCapacity, settings: dict, m_peak: in
     for layer in load.layers:
         chunks, build = cap.capacity(layer, load.rates_mb_s, chunk)
         layers.append(Layer(layer.name, layer.weight_bytes, layer.alone_ms, layer.op_class, chunks, build,
-                            layer.build_ms, layer.built_bytes or None))
+                            layer.build_ms, layer.built_bytes or None, layer.arena_bytes))
     return Problem(tuple(layers), chunk, m_peak, lam=float(settings["lambda"]), objective=settings["objective"],
                    window=int(settings["window"]), lookback=int(settings["lookback"]),
                    time_limit_s=float(settings["time_limit_s"]))

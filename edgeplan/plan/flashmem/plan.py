@@ -77,12 +77,13 @@ _FIELD_TYPES.update({("WeightPlan", "loads"): Load, ("OverlapPlan", "weights"): 
 
 
 class Ledger:
-    """What committed weights use at each layer: resident KiB, KiB read, build microseconds."""
+    """What each layer holds: resident KiB (its own arena while it runs, and committed weights), KiB read,
+    build microseconds."""
 
     def __init__(self, problem: Problem):
         self.problem = problem
         n = problem.n
-        self.mem = [0] * n
+        self.mem = [problem.arena_kib(ell) for ell in range(n)]  # the running segment's arena, then committed weights
         self.read = [0] * n
         self.build = [0] * n
 

@@ -44,6 +44,7 @@ class Layer:
     capacity_build_ms: float  # interpreter build time it can shadow (0 for hierarchical layers)
     build_ms: float = 0.0  # building this layer's own segment
     built_bytes: int | None = None  # measured resident set of its built segment beyond the blob (else packed_factor)
+    arena_bytes: int = 0  # its segment's arena, resident while it runs (the runtime drops a segment after it runs)
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,9 @@ class Problem:
         """KiB layer i's weight occupies once read and built."""
         return self.chunks(i) * self.chunk_kib(i) + self.packed_kib(i)
 
+    def arena_kib(self, i: int) -> int:
+        return math.ceil(self.layers[i].arena_bytes / KIB)
+
     def capacity_kib(self, i: int) -> int:
         return self.layers[i].capacity_chunks * math.ceil(self.chunk_bytes / KIB)
 
@@ -119,24 +123,44 @@ class Problem:
         return [i for i in range(self.n) if self.layers[i].weight_bytes > 0]
 
 
+def _pair_kib(problem: Problem, i: int) -> tuple[int, int]:
+    """Layer i's weight (with its arena: it runs) and the next one's, read and built."""
+    return problem.full_kib(i) + problem.arena_kib(i), problem.full_kib(i + 1) if i + 1 < problem.n else 0
+
+
+def min_m_peak(problem: Problem) -> int:
+    """The smallest M_peak (bytes) ``check_budget`` accepts: the largest two consecutive weights read and built,
+    the first running."""
+    return max((sum(_pair_kib(problem, i)) for i in range(problem.n)), default=0) * KIB
+
+
 def check_budget(problem: Problem) -> None:
-    """Refuse an M_peak no plan can meet: a layer runs with its weight built while the next one's is read
-    and built, so every two consecutive weights must fit together. Names the layer and the split that fits."""
+    """Refuse an M_peak no plan can meet: a layer runs (its arena resident) with its weight built while the next
+    one's is read and built, so every two consecutive weights must fit together. Names the layer and the split
+    that fits."""
     m = problem.m_peak_kib
     for i in range(problem.n):
-        here = problem.full_kib(i)
-        nxt = problem.full_kib(i + 1) if i + 1 < problem.n else 0
+        here, nxt = _pair_kib(problem, i)
         if here + nxt <= m:
             continue
         big = i if here >= nxt else i + 1
         layer = problem.layers[big]
         other = nxt if big == i else here
         room = m - other
+        blob = problem.chunks(big) * problem.chunk_kib(big)
         parts = math.ceil(problem.full_kib(big) / room) if room > 0 else None
-        split = (f"splitting {layer.name} along output channels into {parts} parts (flashmem.max_segment_bytes "
-                 f"<= {room * KIB // (1 + problem.packed_factor):.0f}) fits" if parts and parts < 1024 else
-                 "no split fits beside its neighbour")
+        # splitting along output channels divides the weights and what grows with them; not an arena or buffers
+        # sized by the activations
+        if blob * 2 < problem.full_kib(big) + (problem.arena_kib(big) if big == i else 0):
+            split = "most of it is activations and buffers, which a split does not shrink"
+        elif parts and parts < 1024:
+            split = (f"splitting {layer.name} along output channels into {parts} parts (flashmem.max_segment_bytes "
+                     f"<= {room * KIB // (1 + problem.packed_factor):.0f}) fits")
+        else:
+            split = "no split fits beside its neighbour"
         raise MemoryBudgetError(
             f"M_peak {problem.m_peak / 2**20:.1f} MiB is below what layers {i} and {i + 1} need at once "
-            f"({(here + nxt) / 1024:.1f} MiB read and built): layer {big} ({layer.name}) holds "
-            f"{layer.weight_bytes / 2**20:.1f} MiB of weights; {split}, or raise M_peak.")
+            f"({(here + nxt) / 1024:.1f} MiB read, built and running): layer {big} ({layer.name}) holds "
+            f"{layer.weight_bytes / 2**20:.1f} MiB of weights, {problem.full_kib(big) / 1024:.1f} MiB read and "
+            f"built, a {problem.arena_kib(big) / 1024:.1f} MiB arena; {split}; or raise M_peak "
+            f"(at least {min_m_peak(problem) / 2**20:.1f} MiB).")
