@@ -109,9 +109,14 @@ def _runtime(args):
 
 
 def _ready(args):
-    """A started runtime for the active revision, prefix outputs of the input set computed ahead."""
+    """A started runtime for the active revision, prefix outputs of the input set computed ahead (with
+    --stream: the models streamed as their FlashMem plans say)."""
     from edgeplan.runtime.model import load_inputs
 
+    if getattr(args, "stream", None):
+        from edgeplan.runtime.streaming import StreamRuntime
+
+        return StreamRuntime(Path(args.dir), mode=args.stream, max_inflight=args.max_inflight).start()
     rt = _runtime(args)
     if rt.mode == "emulated":
         n = sum(rt.precompute(e.name, load_inputs(rt.rev_dir, e, args.inputs), points="all") for e in rt.manifest.models)
@@ -150,9 +155,11 @@ def cmd_serve(args) -> int:
         raise EdgeplanError("--store needs --device-id or --deployment (what to pull)")
     rt = _ready(args)
     server = serve(rt, args.host, args.port)
+    how = (f"streamed one request at a time as the FlashMem plan says, mode {args.stream}" if args.stream else
+           f"{'EMULATED Edge TPU' if rt.mode == 'emulated' else rt.mode}; points {rt.points}, cores {rt.cores}; "
+           f"re-allocation {'on' if rt.adapt else 'off'}")
     print(f"serving {rt.manifest.deployment} revision {rt.manifest.revision} on http://{args.host}:"
-          f"{server.server_address[1]} ({'EMULATED Edge TPU' if rt.mode == 'emulated' else rt.mode}; "
-          f"points {rt.points}, cores {rt.cores}; re-allocation {'on' if rt.adapt else 'off'})", flush=True)
+          f"{server.server_address[1]} ({how})", flush=True)
     if args.store:
         threading.Thread(target=_puller, args=(args, server), daemon=True).start()
     try:
@@ -295,6 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--deployment", help="with --store: the deployment to pull")
     sp.add_argument("--pull-every", type=float, default=300.0, help="seconds between pulls (default 300)")
     sp.add_argument("--trusted", action="append", help=f"with --store: trusted keys (default ${TRUSTED_ENV})")
+    sp.add_argument("--stream", nargs="?", const="plan", choices=("plan", "always-next", "same-op-type", "serial"),
+                    help="serve the models streamed from their blobs as the revision's FlashMem plan says, one request "
+                         "at a time, each model's segments dropped after use (FlashMem, models not kept resident); "
+                         "a mode other than plan (always-next, same-op-type, serial) for comparison")
     serving(sp)
     sp.set_defaults(func=cmd_serve)
     sp = sub.add_parser("loadgen", help="open-loop Poisson load per model; every request's latency",

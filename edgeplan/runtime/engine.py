@@ -113,6 +113,34 @@ def refreeze() -> None:
             gc.freeze()
 
 
+def request_metrics(order: list[str], hist: dict[str, Histogram], codes: collections.Counter,
+                    what: str = "served requests") -> list[str]:
+    """Prometheus lines of the request latency histograms and the request counts by model and status."""
+    lines = [f"# HELP edgeplan_request_latency_seconds End-to-end latency of {what}.",
+             "# TYPE edgeplan_request_latency_seconds histogram"]
+    for n in order:
+        h, acc = hist[n], 0
+        for b, c in zip((*BUCKETS_S, float("inf")), h.counts):
+            acc += c
+            le = "+Inf" if b == float("inf") else repr(b)
+            lines.append(f'edgeplan_request_latency_seconds_bucket{{model="{n}",le="{le}"}} {acc}')
+        lines.append(f'edgeplan_request_latency_seconds_sum{{model="{n}"}} {h.sum:.6f}')
+        lines.append(f'edgeplan_request_latency_seconds_count{{model="{n}"}} {h.n}')
+    lines += ["# HELP edgeplan_requests_total Requests by model and HTTP-like status.",
+              "# TYPE edgeplan_requests_total counter"]
+    return lines + [f'edgeplan_requests_total{{model="{n}",code="{c}"}} {v}' for (n, c), v in sorted(codes.items())]
+
+
+def admit(rt, model: str) -> None:
+    """One more request in flight on runtime ``rt`` (its ``lock``, ``inflight``, ``max_inflight``, ``codes``), or
+    ``Overloaded`` (HTTP 503) at the limit."""
+    with rt.lock:
+        if rt.inflight >= rt.max_inflight:
+            rt.codes[model, 503] += 1
+            raise Overloaded(f"{rt.inflight} requests in flight (limit {rt.max_inflight}); retry later")
+        rt.inflight += 1
+
+
 class RateMonitor:
     """Arrivals per model over a sliding window (s); the rate is count / window (or / the time since the
     monitor started, while that is shorter)."""
@@ -413,11 +441,7 @@ class Runtime:
         """Queue one request; the future's result is the float output (raises BadRequest / Overloaded now)."""
         m = self._model(model)
         q = quantize_input(x, m.entry.input)
-        with self.lock:
-            if self.inflight >= self.max_inflight:
-                self.codes[model, 503] += 1
-                raise Overloaded(f"{self.inflight} requests in flight (limit {self.max_inflight}); retry later")
-            self.inflight += 1
+        admit(self, model)
         fut: Future = Future()
         req = Request(model, self.points[model], q, fut)
         self.monitor.arrive(model, req.arrival)
@@ -534,19 +558,7 @@ class Runtime:
     def metrics_text(self) -> str:
         """Prometheus text format."""
         dep = self.manifest.deployment
-        lines = ["# HELP edgeplan_request_latency_seconds End-to-end latency of served requests.",
-                 "# TYPE edgeplan_request_latency_seconds histogram"]
-        for n in self.order:
-            h, acc = self.hist[n], 0
-            for b, c in zip((*BUCKETS_S, float("inf")), h.counts):
-                acc += c
-                le = "+Inf" if b == float("inf") else repr(b)
-                lines.append(f'edgeplan_request_latency_seconds_bucket{{model="{n}",le="{le}"}} {acc}')
-            lines.append(f'edgeplan_request_latency_seconds_sum{{model="{n}"}} {h.sum:.6f}')
-            lines.append(f'edgeplan_request_latency_seconds_count{{model="{n}"}} {h.n}')
-        lines += ["# HELP edgeplan_requests_total Requests by model and HTTP-like status.",
-                  "# TYPE edgeplan_requests_total counter"]
-        lines += [f'edgeplan_requests_total{{model="{n}",code="{c}"}} {v}' for (n, c), v in sorted(self.codes.items())]
+        lines = request_metrics(self.order, self.hist, self.codes)
         gauges = {
             "edgeplan_queue_length": (("Requests waiting, by stage (EMULATED accelerator: until the device's "
                                         "clock says their prefix is done)."), self._queues()),

@@ -4,14 +4,17 @@ Models are run one request at a time in FIFO order, round after round; each requ
 revision's blobs (cold: their pages dropped first, as a model that is not kept resident comes from storage),
 builds and runs it — streamed as its FlashMem plan says (or another stream mode), or ``preload``: the whole
 int8 model as one interpreter — and drops it. A sampler thread records the process's resident set every
-2 ms: the timeline, and the peak above the resident set before the first request. numpy + ai-edge-litert.
+2 ms: the timeline, and the peak above the resident set once one unmeasured request of each model has
+run (the runtime's one-time set-up is not a model's). numpy + ai-edge-litert.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -87,9 +90,32 @@ def _drop_cache(paths) -> None:
             os.close(fd)
 
 
-def run(rev_dir: Path, manifest, models: list[str], iterations: int, mode: str = "plan", cold: bool = True,
-        deterministic: bool = False) -> FifoResult:
-    """Run ``models`` FIFO ``iterations`` times on the self-test inputs of each (see the module docstring)."""
+@dataclass(frozen=True)
+class Job:
+    """One model's request: ``run()`` serves it and returns its stall ms; ``files`` are the blobs it reads
+    (their pages are dropped before a cold request)."""
+
+    run: Callable[[], float]
+    files: tuple[Path, ...]
+
+
+def preload_job(whole: Path, sha256: str, x: np.ndarray, interp: Callable[[bytes], object]) -> Job:
+    """The ``preload`` baseline: the whole int8 model read, its sha256 checked (as every streamed segment's
+    is), built as one interpreter, run, dropped."""
+    return Job(lambda: (_preloaded(Path(whole), sha256, x, interp), 0.0)[1], (Path(whole),))
+
+
+def streamed_job(segs: list[stream.Segment], mode: str, plan, x: np.ndarray,
+                 interp: Callable[[bytes], object]) -> Job:
+    """The model streamed in ``mode`` (``plan``: its overlap plan's reads and builds)."""
+    streamer = stream.Streamer(segs, stream.schedule(segs, mode, plan), interp, mode)
+    key = segs[0].inputs[0]
+    return Job(lambda: streamer.run({key: x})[1].stall_ms, tuple(s.path for s in segs))
+
+
+def revision_jobs(rev_dir: Path, manifest, models: list[str], mode: str, deterministic: bool = False
+                  ) -> dict[str, Job]:
+    """The requests of ``models`` on a pulled revision, each on its first self-test input."""
     from edgeplan.quantize import litert
     from edgeplan.runtime.model import quantize_input
 
@@ -98,34 +124,53 @@ def run(rev_dir: Path, manifest, models: list[str], iterations: int, mode: str =
     if unknown:
         raise EdgeplanError(f"{manifest.deployment} revision {manifest.revision} serves "
                             f"{', '.join(entries)}; not {', '.join(unknown)}")
-    stream.return_freed_memory()  # every mode alike (Streamer sets it too): a dropped model's memory goes back
     plans = stream.load_plans(rev_dir, manifest)
     interp = partial(litert.interpreter, deterministic=deterministic)
-    jobs = {}
+    out = {}
     for name in models:
         e = entries[name]
         x = quantize_input(np.load(Path(rev_dir) / e.selftests[0].input, allow_pickle=False), e.input)
         if mode == "preload":
-            whole = Path(rev_dir) / f"models/{e.name}/{e.version}/segments/p0/suffix_int8.tflite"
-            jobs[name] = (lambda whole=whole, x=x: (_preloaded(whole, x, interp), 0.0), [whole])
+            whole = f"models/{e.name}/{e.version}/segments/p0/suffix_int8.tflite"
+            ref = next((b for b in manifest.blobs if b.name == whole), None)
+            if ref is None:
+                raise EdgeplanError(f"{manifest.deployment} revision {manifest.revision} has no {whole} to preload")
+            out[name] = preload_job(Path(rev_dir) / whole, ref.sha256, x, interp)
             continue
         if name not in plans:
             raise EdgeplanError(f"{name} has no FlashMem plan in revision {manifest.revision}: stream modes need "
                                 "one (`edgeplan plan flashmem`); --stream-mode preload runs it whole")
         m, segs = plans[name]
-        streamer = stream.Streamer(segs, stream.schedule(segs, mode, m.plan), interp, mode)
-        jobs[name] = (lambda s=streamer, key=segs[0].inputs[0], x=x: _streamed(s, {key: x}), [s.path for s in segs])
+        out[name] = streamed_job(segs, mode, m.plan, x, interp)
+    return out
+
+
+def run(rev_dir: Path, manifest, models: list[str], iterations: int, mode: str = "plan", cold: bool = True,
+        deterministic: bool = False) -> FifoResult:
+    """Run ``models`` FIFO ``iterations`` times on the self-test inputs of each (see the module docstring)."""
+    stream.return_freed_memory()  # every mode alike (Streamer sets it too): a dropped model's memory goes back
+    return measure(revision_jobs(rev_dir, manifest, models, mode, deterministic), models, iterations, mode, cold)
+
+
+def measure(jobs: dict[str, Job], models: list[str], iterations: int, mode: str, cold: bool = True,
+            warmup: bool = True) -> FifoResult:
+    """Serve ``models`` in FIFO order ``iterations`` times, sampling the resident set (the module docstring).
+    Call ``stream.return_freed_memory`` first, as ``run`` does, so every mode frees alike. ``warmup``: one
+    unmeasured request of each model before the baseline, so the runtime's one-time costs (LiteRT's and
+    XNNPACK's first-interpreter set-up: 6-9 MiB here) count as a process that has served before, in every mode."""
+    for name in models if warmup else ():
+        jobs[name].run()
     hwm = reset_hwm()
     baseline = rss()
     result = FifoResult(mode, cold, list(models), iterations, baseline, 0)
     with RssSampler() as sampler:
         for it in range(iterations):
             for name in models:
-                fn, files = jobs[name]
+                job = jobs[name]
                 if cold:
-                    _drop_cache(files)
+                    _drop_cache(job.files)
                 t0 = time.perf_counter()
-                _, stall = fn()
+                stall = job.run()
                 result.requests.append({"model": name, "iteration": it, "ms": (time.perf_counter() - t0) * 1e3,
                                         "stall_ms": stall})
     result.timeline = [(round(t, 4), b - baseline) for t, b in sampler.samples]
@@ -135,13 +180,12 @@ def run(rev_dir: Path, manifest, models: list[str], iterations: int, mode: str =
     return result
 
 
-def _preloaded(path: Path, x: np.ndarray, interp) -> np.ndarray:
-    it = interp(path.read_bytes())
+def _preloaded(path: Path, sha256: str, x: np.ndarray, interp) -> np.ndarray:
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise stream.StreamError(f"{path.name}: its bytes do not match sha256 {sha256[:12]}...; the blob is corrupt: "
+                                 "pull the revision again")
+    it = interp(data)
     it.set_tensor(it.get_input_details()[0]["index"], x)
     it.invoke()
     return it.get_tensor(it.get_output_details()[0]["index"]).copy()
-
-
-def _streamed(streamer: stream.Streamer, x: dict) -> tuple[dict, float]:
-    out, log = streamer.run(x)
-    return out, log.stall_ms

@@ -1,7 +1,8 @@
-"""Streamed int8 execution (FlashMem §4, the CPU analogue): a loader thread reads each segment's blob in
-planned pieces (``pread``: the GIL is released) when the compute thread reaches the planned position, checks
-its sha256 and builds its interpreter (which holds the GIL) in the shadow of an invoke; the compute thread
-invokes the segments in order and drops each after use. numpy + ai-edge-litert + the standard library.
+"""Streamed int8 execution (FlashMem §4, the CPU analogue): a reader thread reads each segment's blob in
+planned pieces (``pread``: the GIL is released) when the compute thread reaches each piece's planned position
+and checks its sha256; a builder thread builds its interpreter (which holds the GIL) at the planned position,
+in the shadow of an invoke, while the reader goes on with the next segment; the compute thread invokes the
+segments in order and drops each after use. numpy + ai-edge-litert + the standard library.
 
 Modes (``schedule``): ``serial`` (each segment read and built when its turn comes: no overlap),
 ``always-next`` (segment k+1 read and built while k runs), ``same-op-type`` (read ahead to the next segment
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +26,7 @@ from edgeplan.errors import EdgeplanError
 from edgeplan.plan.flashmem.plan import OverlapPlan
 
 MODES = ("serial", "always-next", "same-op-type", "plan")
+SWITCH_INTERVAL_S = 0.001
 
 
 class StreamError(EdgeplanError):
@@ -153,15 +156,38 @@ def return_freed_memory() -> bool:
     """Make glibc hand freed large blocks back to the kernel (a fixed 128 KiB mmap threshold). By default the
     threshold rises to the largest block freed, so a dropped segment's buffers stay in the heap and the resident
     set never falls: measured on ResNet50 int8 streamed FIFO, 42-56 MB peak above the start with the default,
-    21-22 MB with this (the whole model preloaded: 63-64 MB either way). Process-wide; False off glibc."""
+    21-22 MB with this (the whole model preloaded: 63-64 MB either way). What the heap already holds free is
+    handed back too (``malloc_trim``): else new buffers reuse those resident pages and a build's resident-set delta
+    reads 0 (the load-capacity profile after the CPU timings: ResNet50V2's stem measured 4 KiB, 6.5 MiB alone).
+    Process-wide; False off glibc."""
     import ctypes
     import ctypes.util
 
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(-3, 128 * 1024))  # M_MMAP_THRESHOLD
+        fixed = bool(libc.mallopt(-3, 128 * 1024))  # M_MMAP_THRESHOLD
+        libc.malloc_trim(0)
+        return fixed
     except (OSError, AttributeError):
         return False
+
+
+def _bytes_buffer(n: int) -> tuple[bytes, memoryview]:
+    """A new ``bytes`` of ``n`` bytes and a writable view of its storage, to be filled before anything else sees
+    it (CPython's ``PyBytes_FromStringAndSize(NULL, n)`` idiom). LiteRT takes a model only as ``bytes`` and keeps
+    them, so reading straight into them saves the copy a ``bytearray`` would need: one segment's size less at
+    every build."""
+    import ctypes
+
+    if n < 2:  # CPython shares its empty and one-byte objects
+        raise StreamError(f"a segment of {n} bytes is not a model")
+    api = ctypes.pythonapi
+    api.PyBytes_FromStringAndSize.restype = ctypes.py_object
+    api.PyBytes_FromStringAndSize.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
+    api.PyBytes_AsString.restype = ctypes.c_void_p
+    api.PyBytes_AsString.argtypes = (ctypes.py_object,)
+    data = api.PyBytes_FromStringAndSize(None, n)
+    return data, memoryview((ctypes.c_char * n).from_address(api.PyBytes_AsString(data))).cast("B")
 
 
 class Streamer:
@@ -173,19 +199,26 @@ class Streamer:
         if len(segments) != len(steps):
             raise StreamError(f"{len(steps)} loader steps for {len(segments)} segments")
         return_freed_memory()
+        # the loader hands each built segment to the compute thread through a condition: at Python's default
+        # 5 ms switch interval a waiting thread can sit out a whole interval per handoff (ResNet50V2, 54
+        # segments, cold, medians of 5 on a busy host: 238 ms a request; at 1 ms 205 ms). Process-wide, like the
+        # allocator setting.
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self.segments, self.steps, self.interpreter, self.mode = segments, steps, interpreter, mode
 
     def run(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], RunLog]:
         log = RunLog(self.mode, [SegmentLog(s.build) for s in self.steps])
         t0 = time.perf_counter()
         cond = threading.Condition()
-        state = {"at": -1, "ready": {}, "error": None}
+        state = {"at": -1, "read": {}, "ready": {}, "error": None}
         for k, step in enumerate(self.steps):  # preloaded: read and built before the first invoke
             if step.build < 0:
-                state["ready"][k] = self._load(k, [n for _, n in step.reads], log.segments[k], -1)
-        loader = threading.Thread(target=self._loader, args=(cond, state, log), name="edgeplan-stream-loader",
-                                  daemon=True)
-        loader.start()
+                data = self._read(k, step, log.segments[k], lambda pos: True)
+                state["ready"][k] = self._build(k, data, log.segments[k], -1)
+        workers = [threading.Thread(target=fn, args=(cond, state, log), name=f"edgeplan-stream-{fn.__name__[1:]}",
+                                    daemon=True) for fn in (self._reader, self._builder)]
+        for w in workers:
+            w.start()
         live = dict(inputs)
         last_use = self._last_use()
         out: dict[str, np.ndarray] = {}
@@ -212,7 +245,8 @@ class Streamer:
             with cond:
                 state["at"] = len(self.segments)
                 cond.notify_all()
-            loader.join()
+            for w in workers:
+                w.join()
         log.seconds = time.perf_counter() - t0
         return out, log
 
@@ -224,59 +258,94 @@ class Streamer:
                 last[name] = k
         return last
 
-    def _loader(self, cond: threading.Condition, state: dict, log: RunLog) -> None:
-        pending = [(k, step) for k, step in enumerate(self.steps) if step.build >= 0]
-        try:
-            for k, step in pending:
-                pieces = []
-                for pos, nbytes in step.reads:
-                    self._wait(cond, state, pos)
-                    pieces.append(nbytes)
-                self._wait(cond, state, step.build)
-                if state["at"] >= len(self.segments):
-                    return
-                it = self._load(k, pieces, log.segments[k], state["at"])
+    # Two loader threads, so a segment's reads (``pread`` and sha256: the GIL released) overlap the build of the
+    # one before it (which holds the GIL): the reader reads each piece once the compute thread reaches its
+    # planned position and checks the hash; the builder builds at the planned position once the bytes are in.
+    def _reader(self, cond: threading.Condition, state: dict, log: RunLog) -> None:
+        def reached(pos: int) -> bool:
+            with cond:
+                while state["at"] < pos:
+                    cond.wait()
+                return state["at"] < len(self.segments)
+
+        def read_all():
+            for k, step in enumerate(self.steps):
+                if step.build >= 0:
+                    self._hand(cond, state, "read", k, self._read(k, step, log.segments[k], reached))
+
+        self._guard(cond, state, read_all)
+
+    def _builder(self, cond: threading.Condition, state: dict, log: RunLog) -> None:
+        def build_all():
+            for k, step in enumerate(self.steps):
+                if step.build < 0:
+                    continue
                 with cond:
-                    state["ready"][k] = it
-                    cond.notify_all()
+                    while (k not in state["read"] or state["at"] < step.build) and state["error"] is None \
+                            and state["at"] < len(self.segments):
+                        cond.wait()
+                    if state["error"] is not None or state["at"] >= len(self.segments):
+                        return
+                    data = state["read"].pop(k)
+                    at = state["at"]
+                self._hand(cond, state, "ready", k, self._build(k, data, log.segments[k], at))
+
+        self._guard(cond, state, build_all)
+
+    @staticmethod
+    def _guard(cond: threading.Condition, state: dict, work: Callable[[], object]) -> None:
+        try:
+            work()
+        except _Stopped:
+            return
         except Exception as e:  # handed to the compute thread, which fails the request with it
             with cond:
                 state["error"] = e
                 cond.notify_all()
 
     @staticmethod
-    def _wait(cond: threading.Condition, state: dict, pos: int) -> None:
+    def _hand(cond: threading.Condition, state: dict, where: str, k: int, value) -> None:
         with cond:
-            while state["at"] < pos:
-                cond.wait()
+            state[where][k] = value
+            cond.notify_all()
 
-    def _load(self, k: int, pieces: list[int], entry: SegmentLog, at: int):
+    def _read(self, k: int, step: Step, entry: SegmentLog, reached: Callable[[int], bool]) -> bytes:
+        """Segment k's bytes, each piece read once ``reached(position)`` (False: the run is over), checked."""
         seg = self.segments[k]
-        t = time.perf_counter()
-        buf = bytearray(seg.size)
         try:
             fd = os.open(seg.path, os.O_RDONLY)
         except OSError as e:
             raise StreamError(f"segment {k} ({seg.path.name}): cannot open its blob: {e.strerror}") from e
+        data, view = _bytes_buffer(seg.size)
         try:
             offset = 0
-            for nbytes in pieces:
-                view = memoryview(buf)[offset:offset + nbytes]
-                got = os.preadv(fd, [view], offset)
+            for pos, nbytes in step.reads:
+                if not reached(pos):
+                    raise _Stopped
+                t = time.perf_counter()
+                got = os.preadv(fd, [view[offset:offset + nbytes]], offset)
+                entry.read_ms += (time.perf_counter() - t) * 1000
                 if got != nbytes:
                     raise StreamError(f"segment {k} ({seg.path.name}): blob is shorter than its {seg.size} bytes")
                 offset += nbytes
         finally:
+            view.release()
             os.close(fd)
-        entry.read_ms = (time.perf_counter() - t) * 1000
-        if hashlib.sha256(buf).hexdigest() != seg.sha256:
+        if hashlib.sha256(data).hexdigest() != seg.sha256:
             raise StreamError(f"segment {k} ({seg.path.name}): its bytes do not match sha256 {seg.sha256[:12]}...; "
                               "the blob is corrupt: pull the revision again")
+        return data
+
+    def _build(self, k: int, data: bytes, entry: SegmentLog, at: int):
         t = time.perf_counter()
-        it = self.interpreter(bytes(buf))
+        it = self.interpreter(data)
         entry.build_ms = (time.perf_counter() - t) * 1000
         entry.built_at = at
         return it
+
+
+class _Stopped(Exception):
+    """The request ended (failed) before a loader thread's next planned position."""
 
 
 def load_plans(rev_dir: Path, manifest) -> dict:

@@ -170,3 +170,59 @@ def test_fifo_runs_every_request_and_measures_the_peak(device, mode, tmp_path):
     assert got["mode"] == mode and got["cold"] and len(got["requests"]) == 4
     assert got["peak_above_baseline_bytes"] > 0 and len(got["timeline"]) >= 2
     assert all(r["ms"] > 0 for r in got["requests"])
+
+
+def test_serve_stream_answers_over_http_and_a_corrupt_segment_fails_only_its_request(device):
+    """`serve --stream`: each request streamed as the plan says gives the whole int8 model's output (same
+    kernels); a segment whose bytes changed on disk fails that request naming it, and the next one is served."""
+    import io
+    import json
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from edgeplan.runtime.model import dequantize_output, quantize_input
+    from edgeplan.runtime.pull import read_manifest
+    from edgeplan.runtime.server import serve
+    from edgeplan.runtime.streaming import StreamRuntime
+
+    res, _ = device
+    manifest = read_manifest(res.path)
+    (entry,) = manifest.models
+    t = entry.selftests[0]
+    x = np.load(res.path / t.input, allow_pickle=False)
+    _, segs = stream.load_plans(res.path, manifest)["sq"]
+    whole = res.path / f"models/sq/{entry.version}/segments/p0/suffix_int8.tflite"
+    (y,) = stream.run_preloaded(whole, {segs[0].inputs[0]: quantize_input(x, entry.input)},
+                                partial(litert.interpreter, deterministic=False)).values()
+    want = dequantize_output(y, entry.output)
+    rt = StreamRuntime(res.path).start()
+    server = serve(rt, port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        buf = io.BytesIO()
+        np.save(buf, x)
+        req = urllib.request.Request(f"{url}/infer/sq", buf.getvalue(), {"Content-Type": "application/x-npy"})
+        with urllib.request.urlopen(req) as r:
+            np.testing.assert_array_equal(np.load(io.BytesIO(r.read())), want)
+        seg = segs[-1].path
+        good = seg.read_bytes()
+        seg.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+        try:
+            with pytest.raises(stream.StreamError, match=rf"segment \d+ \({seg.name}\): its bytes do not match"):
+                rt.infer("sq", x)
+        finally:
+            seg.write_bytes(good)
+        np.testing.assert_array_equal(rt.infer("sq", x), want)
+        with urllib.request.urlopen(f"{url}/healthz") as r:
+            health = json.loads(r.read())
+        assert health["mode"] == "stream:plan" and health["models"]["sq"]["requests"] == 2
+        with urllib.request.urlopen(f"{url}/metrics") as r:
+            metrics = r.read().decode()
+        assert 'edgeplan_requests_total{model="sq",code="500"} 1' in metrics
+        assert 'edgeplan_stream_stall_seconds_total{model="sq"}' in metrics
+    finally:
+        server.shutdown()
+        server.server_close()
+        rt.stop()
