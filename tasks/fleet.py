@@ -56,7 +56,8 @@ def profile_job(job: dict, store_uri: str, root: str, params: dict) -> dict:
         current = d / "profiles" / f"{dc.name}.json"
         before = current.read_bytes() if current.is_file() else None
         with slot("profile", 1):  # one profile at a time per machine
-            new = run.profile(d, dc, cpu.Settings.from_params(job["settings"]))
+            new = run.profile(d, dc, cpu.Settings.from_params(job["settings"]),
+                              capacity_rounds=int(params["flashmem"]["capacity_rounds"]))
         results[m["name"]] = new.to_json()
         changes = [asdict(c) for c in diff(Profile.from_json(json.loads(before)), new,
                                            params["profile"]["drift_threshold"])] \

@@ -40,6 +40,26 @@ def diff(a: Profile, b: Profile, threshold: float, *, allow_other_model: bool = 
             rel = (vb - va) / va if va > 0 else float("inf")
             if abs(rel) > threshold:
                 out.append(Change(point, role, metric, va, vb, rel, _status(sa, sb).lstrip("; ")))
+    return out + _load_capacity(a, b, threshold)
+
+
+def _load_capacity(a: Profile, b: Profile, threshold: float) -> list[Change]:
+    """FlashMem's measured streaming layers (role ``stream``, point -1): their summed time alone and beside the
+    fastest loader, which set the C_l (per layer, the many sub-millisecond layers would drift on noise alone);
+    a profile with load capacity against one without is a change too."""
+    la, lb = a.load_capacity, b.load_capacity
+    if la is None and lb is None:
+        return []
+    if la is None or lb is None or len(la.layers) != len(lb.layers):
+        note = ("load capacity only in B" if la is None else "load capacity only in A" if lb is None
+                else f"load capacity of {len(la.layers)} layers in A, {len(lb.layers)} in B")
+        return [Change(-1, "stream", "load_capacity", None, None, None, note)]
+    out = []
+    for metric, pick in (("alone_ms", lambda x: x.alone_ms), ("loaded_ms", lambda x: x.beside_read_ms[-1])):
+        va, vb = sum(map(pick, la.layers)), sum(map(pick, lb.layers))
+        rel = (vb - va) / va if va > 0 else float("inf")
+        if abs(rel) > threshold:
+            out.append(Change(-1, "stream", metric, va, vb, rel, f"{len(la.layers)} streaming layers"))
     return out
 
 

@@ -255,3 +255,7 @@ def test_reprofile_fleet(workdir):
     assert list((store / "jobs" / summary["jobs"][0] / "result").glob("*.json"))
     assert "tiny-solo" in summary["replanned"] and summary["versioned"] == [f"tiny:{served}"]  # the new profile in DVC
     assert [r["deployment"] for r in summary["published"]] == summary["plan_changed"]
+    # the job measured load capacity too, so the re-plan kept a FlashMem plan (it was dropped when it did not)
+    profile = json.loads((workdir / "artifacts" / "tiny" / served / "profiles" / "coral-usb-emulated.json").read_text())
+    assert profile["load_capacity"] is not None
+    assert (workdir / "artifacts" / "deployments" / "tiny-solo" / "plans" / "flashmem.json").is_file()
