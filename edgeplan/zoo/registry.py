@@ -18,6 +18,8 @@ _TABLE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "densenet201_224": (partial(keras_apps.build, "DenseNet201", 224), "Keras DenseNet201, 224x224"),
     "xception_299": (partial(keras_apps.build, "Xception", 299), "Keras Xception, 299x299"),
     "efficientnetb0_224": (partial(keras_apps.build, "EfficientNetB0", 224), "Keras EfficientNetB0, 224x224"),
+    "vgg16_224": (partial(keras_apps.build, "VGG16", 224), "Keras VGG16, 224x224 (138M parameters)"),
+    "vgg19_224": (partial(keras_apps.build, "VGG19", 224), "Keras VGG19, 224x224 (144M parameters)"),
     "light_squeezenet": (partial(light.build, "squeezenet"), "onnx model zoo SqueezeNet 1.0, re-weighted"),
     "light_resnet50": (partial(light.build, "resnet50"), "onnx model zoo ResNet50 v1, re-weighted"),
     "light_densenet121": (partial(light.build, "densenet121"), "onnx model zoo DenseNet121, re-weighted"),

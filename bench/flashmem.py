@@ -1,0 +1,565 @@
+"""FlashMem benchmark (issue 13): beside the paper's Tables 4, 7, 8 and Figs. 6, 8, 9, on this 2-vCPU host.
+
+Writes bench/results/flashmem.json and flashmem.png. Nothing here is EMULATED: every figure is this
+machine's CPU, its page cache and its resident set. A run without flags does everything below: about 25
+minutes from nothing (compiling the four Keras models into ``--work``: VGG19 8 min at a 16.5 GB peak), about
+12 once they are compiled (reused; the profiles too).
+
+Per model (ResNet50V2, DenseNet201, InceptionV3 and VGG19, seeded weights, int8): the pipeline as a user runs
+it — ``edgeplan compile``, ``edgeplan stream`` (VGG19's fc1 split), ``edgeplan profile run`` (load capacity
+measured), ``plan_flashmem`` at M_peak = max(``--share`` x the all-preloaded footprint the plan predicts, the
+smallest budget ``check_budget`` accepts x 1.05). Then each configuration — ``preload`` (the whole int8 model
+as one interpreter), ``plan``, ``always-next``, ``same-op-type`` — runs in a fresh process
+(``--child``), cold (page cache of its blobs dropped before every request), ``--iterations`` requests, peak
+resident set above the process's baseline from VmHWM after clear_refs 5 and a 2-ms sampler; ``--rounds``
+rounds, configurations shuffled within each round; medians over rounds.
+
+Keys (ratios and errors are fractions):
+- peak_rss_ratio: geometric mean over the models of median peak (plan) / median peak (preload). [Table 8]
+- integrated_latency_ratio: geometric mean of median request time (read + build + run, cold), plan / preload.
+- always_next_over_plan: VGG19's median request time always-next / plan; same_op_over_plan likewise; every
+  model's in ``models``. [Fig. 9]
+- fifo_peak_ratio: the four models FIFO, ``--fifo-iterations`` rounds each, peak plan / preload. [Fig. 6]
+- tradeoff: ResNet50V2 re-planned over M_peak and lambda, each measured (peak, time). [Fig. 8]
+- solver: LC-OPG on real layer lists — DenseNet201's streaming layers (measured capacities) and GPT-Neo
+  125M / 1.3B decoders lowered op by op from their published configs (shapes only, capacities by class:
+  the median measured C_l of DenseNet201's layers of that class) — ``paper`` objective in windows of 100,
+  per window status and seconds; ``resident`` objective as one window over the whole chain. [Table 4]
+- capacity_mape: XGBoost slowdown model fitted on three models' measured load capacity, predicting the
+  fourth's layer times beside a loader and beside a build; mean over the four held-out folds of the MAPE
+  of those times. [§4.2]
+- rss_prediction_error: max over the models of |plan's predicted peak - measured plan peak| / measured.
+- identical: 1 if every model's streamed output equals its int8 model's, in every stream mode.
+- second_core_free: a two-process probe run (the speed probe alone and two at once): the ratio of their
+  medians (about 1 when the second core is free).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+
+from _common import machine, publish, pyplot  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+EDGEPLAN = [sys.executable, "-m", "edgeplan.cli"]
+MODELS = {"ResNet50V2": "resnet50v2_224", "DenseNet201": "densenet201_224", "InceptionV3": "inceptionv3_299",
+          "VGG19": "vgg19_224"}
+MODES = ("preload", "plan", "always-next", "same-op-type")
+CLASS = "coral-usb-emulated"  # its CPU is measured here; nothing of its (emulated) Edge TPU enters
+# GPT-Neo published configs (EleutherAI, Hugging Face config.json): layers, hidden, vocabulary, positions
+GPT_NEO = {"GPT-Neo-125M": (12, 768, 50257, 2048), "GPT-Neo-1.3B": (24, 2048, 50257, 2048)}
+
+
+def log(msg: str) -> None:
+    print(f"[flashmem {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- pipeline
+def prepare(work: Path, zoo: str) -> Path:
+    """The model compiled, streamed and profiled (load capacity) in ``work``, as the CLI does it; reused."""
+    d = work / "artifacts" / zoo / "1"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    steps = [
+        (d / "verify.json", [*EDGEPLAN, "compile", f"zoo:{zoo}", "--name", zoo, "--version", "1",
+                             "--out", str(work / "artifacts")]),
+        (d / "stream" / "stream.json", [*EDGEPLAN, "stream", str(d)]),
+        (d / "profiles" / f"{CLASS}.json", [*EDGEPLAN, "profile", "run", str(d), "--device-class", CLASS,
+                                            "--repeats", "3", "--budget-s", "1"]),
+    ]
+    for done, cmd in steps:
+        if done.is_file():
+            continue
+        log(f"{zoo}: {' '.join(cmd[3:5])}")
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if res.returncode != 0 or not done.is_file():
+            tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
+            raise RuntimeError(f"{zoo}: {' '.join(cmd[3:5])} failed: {' | '.join(tail)}")
+    return d
+
+
+def bench_params(work: Path, deps: dict[str, tuple[str, float | None]]) -> dict:
+    """params.yaml with one single-model deployment per entry: name -> (zoo model, lambda or None)."""
+    from edgeplan.pipeline import params as params_mod
+
+    p = params_mod.load(None)
+    p["deployments"] = [{"name": n, "device_class": CLASS, "models": [{"name": z, "version": "1", "rate": 1.0}]}
+                        for n, (z, _) in deps.items()]
+    p["fleet"]["devices"] = []
+    return p
+
+
+def problem_of(d: Path, settings: dict, m_peak: int):
+    from edgeplan.artifacts import StreamInfo
+    from edgeplan.plan.flashmem.deployment import problem
+    from edgeplan.profile.schema import Profile
+
+    info = StreamInfo.load(d / "stream" / "stream.json")
+    return problem(info, Profile.load(d / "profiles" / f"{CLASS}.json").load_capacity, settings, m_peak)
+
+
+def budget(d: Path, settings: dict, share: float) -> tuple[int, int]:
+    """(M_peak, the plan's all-preloaded footprint): ``share`` of the footprint, at least what fits."""
+    from edgeplan.plan.flashmem.problem import KIB, min_m_peak
+
+    prob = problem_of(d, settings, 1)
+    total = sum(prob.full_kib(i) for i in range(prob.n)) * KIB
+    return max(int(share * total), int(min_m_peak(prob) * 1.05)), total
+
+
+def plan(work: Path, dep: str, zoo: str, m_peak: int, lam: float | None = None):
+    from edgeplan.plan.flashmem.deployment import plan_flashmem
+
+    p = bench_params(work, {dep: (zoo, lam)})
+    if lam is not None:
+        p["flashmem"]["lambda"] = lam
+    t0 = time.perf_counter()
+    result, path = plan_flashmem(work / "artifacts", dep, p, m_peak=m_peak)
+    return result, path, time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+def child(spec: dict) -> dict:
+    """One configuration in this fresh process: the FIFO of ``spec['models']``, as ``edgeplan-runtime fifo``."""
+    from functools import partial
+
+    from edgeplan.plan.flashmem.plan import FlashMemPlan
+    from edgeplan.quantize import litert
+    from edgeplan.runtime import fifo, stream
+
+    stream.return_freed_memory()
+    interp = partial(litert.interpreter, deterministic=False)
+    jobs = {}
+    for m in spec["models"]:
+        x = np.load(m["input"], allow_pickle=False)
+        if spec["mode"] == "preload":
+            jobs[m["name"]] = fifo.preload_job(Path(m["whole"]), m["whole_sha256"], x, interp)
+            continue
+        fp = FlashMemPlan.load(Path(m["plan"]))
+        (mp,) = fp.models
+        base = Path(m["plan"]).parent.parent
+        segs = [stream.Segment(base / s.file, s.sha256, s.size, s.op, s.first_layer, s.last_layer, s.inputs)
+                for s in mp.segments]
+        jobs[m["name"]] = fifo.streamed_job(segs, spec["mode"], mp.plan, x, interp)
+    names = [m["name"] for m in spec["models"]]
+    res = fifo.measure(jobs, names, spec["iterations"], spec["mode"], cold=True)
+    return {"peak_bytes": res.peak_above_baseline_bytes, "baseline_bytes": res.baseline_bytes,
+            "requests": res.requests, "timeline": res.timeline[:: max(1, len(res.timeline) // 400)]}
+
+
+def run_child(spec: dict) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env, capture_output=True,
+                         text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"child {spec['mode']} failed: {res.stderr.strip().splitlines()[-1:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def model_input(d: Path) -> Path:
+    """A seeded random int8 input of the model, saved once beside its artifacts."""
+    from edgeplan.quantize.tflite_graph import TfliteGraph
+
+    path = d / "bench_input.npy"
+    if not path.is_file():
+        g = TfliteGraph((d / "model_int8.tflite").read_bytes())
+        (i,) = g.inputs
+        np.save(path, np.random.default_rng(7).integers(-128, 128, g.tensors[i].shape, dtype=np.int8))
+    return path
+
+
+def entry(d: Path, plan_path: Path | None) -> dict:
+    import hashlib
+
+    whole = d / "model_int8.tflite"
+    return {"name": d.parent.name, "whole": str(whole), "whole_sha256": hashlib.sha256(whole.read_bytes()).hexdigest(),
+            "plan": str(plan_path) if plan_path else None, "input": str(model_input(d))}
+
+
+def measure_configs(configs: dict[str, dict], rounds: int, seed: int) -> dict[str, list[dict]]:
+    """Each spec in a fresh process, ``rounds`` times, shuffled within each round."""
+    out: dict[str, list[dict]] = {k: [] for k in configs}
+    order = random.Random(seed)
+    for r in range(rounds):
+        keys = list(configs)
+        order.shuffle(keys)
+        for k in keys:
+            out[k].append(run_child(configs[k]))
+        log(f"  round {r + 1}/{rounds}")
+    return out
+
+
+def summary(runs: list[dict]) -> dict:
+    peaks = [r["peak_bytes"] for r in runs]
+    ms = [statistics.median(q["ms"] for q in r["requests"]) for r in runs]
+    stall = [statistics.median(q["stall_ms"] for q in r["requests"]) for r in runs]
+    return {"peak_bytes": statistics.median(peaks), "peak_bytes_runs": peaks, "ms": statistics.median(ms),
+            "ms_runs": [round(x, 2) for x in ms], "stall_ms": statistics.median(stall)}
+
+
+def identical(d: Path, plan_path: Path) -> dict[str, bool]:
+    """Streamed outputs against the int8 model's, every stream mode (XNNPACK kernels, as the runtime)."""
+    from functools import partial
+
+    from edgeplan.plan.flashmem.plan import FlashMemPlan
+    from edgeplan.quantize import litert
+    from edgeplan.quantize.tflite_graph import TfliteGraph
+    from edgeplan.runtime import stream
+
+    (mp,) = FlashMemPlan.load(plan_path).models
+    base = plan_path.parent.parent
+    segs = [stream.Segment(base / s.file, s.sha256, s.size, s.op, s.first_layer, s.last_layer, s.inputs)
+            for s in mp.segments]
+    g = TfliteGraph((d / "model_int8.tflite").read_bytes())
+    x = {g.tensors[g.inputs[0]].name: np.load(model_input(d))}
+    interp = partial(litert.interpreter, deterministic=False)
+    want = stream.run_preloaded(d / "model_int8.tflite", x, interp)
+    out = {}
+    for mode in stream.MODES:
+        got, _ = stream.Streamer(segs, stream.schedule(segs, mode, mp.plan), interp, mode).run(x)
+        out[mode] = all(np.array_equal(got[k], want[k]) for k in want)
+    return out
+
+
+def second_core() -> dict:
+    """The speed probe alone, then two probes at once in two processes: median ms of each."""
+    code = ("from edgeplan.profile import cpu; import statistics, time\n"
+            "from ai_edge_litert.interpreter import Interpreter\n"
+            "it = Interpreter(model_path=str(cpu.PROBE), num_threads=1); it.allocate_tensors(); it.invoke()\n"
+            "ts = []\n"
+            "for _ in range(60):\n t = time.perf_counter(); it.invoke(); ts.append((time.perf_counter() - t) * 1e3)\n"
+            "print(statistics.median(ts))\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def start():
+        return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+
+    alone = float(start().communicate()[0])
+    pair = [start(), start()]
+    both = [float(p.communicate()[0]) for p in pair]
+    return {"value": round(statistics.median(both) / alone, 3), "alone_ms": alone, "two_at_once_ms": both}
+
+
+# ---------------------------------------------------------------------------------------------- Table 4
+def gpt_neo_layers(n_layer: int, d: int, vocab: int, positions: int, max_bytes: int) -> list[tuple[str, str, int]]:
+    """The decoder lowered op by op (name, op, int8 weight bytes): embeddings, per block LayerNorm (9 ops),
+    q/k/v projections (no bias), reshapes/transposes, scores, causal mask, softmax, context, output projection
+    + bias, residual, LayerNorm, MLP (fc + bias, gelu_new as 8 ops, proj + bias), residual; final LayerNorm and
+    the LM head (tied to the embedding, read again). Biases int32, LayerNorm scale/offset float32. A projection
+    above ``max_bytes`` is split along output channels + CONCATENATION, as the stream stage does."""
+    out: list[tuple[str, str, int]] = []
+
+    def ln(prefix: str) -> None:
+        for k, op in enumerate(("MEAN", "SUB", "MUL", "MEAN", "ADD", "RSQRT", "MUL")):
+            out.append((f"{prefix}.{k}", op, 0))
+        out.append((f"{prefix}.scale", "MUL", 4 * d))
+        out.append((f"{prefix}.offset", "ADD", 4 * d))
+
+    def fc(name: str, n_in: int, n_out: int) -> None:
+        parts = math.ceil(n_in * n_out / max_bytes)
+        for k in range(parts):
+            lo, hi = n_out * k // parts, n_out * (k + 1) // parts
+            out.append((f"{name}.{k}" if parts > 1 else name, "FULLY_CONNECTED", n_in * (hi - lo)))
+        if parts > 1:
+            out.append((f"{name}.concat", "CONCATENATION", 0))
+
+    out += [("wte", "GATHER", vocab * d), ("wpe", "GATHER", positions * d), ("embed.add", "ADD", 0)]
+    for b in range(n_layer):
+        h = f"h{b}"
+        ln(f"{h}.ln_1")
+        for proj in "qkv":
+            fc(f"{h}.attn.{proj}", d, d)
+        for proj in "qkv":
+            out += [(f"{h}.attn.{proj}.reshape", "RESHAPE", 0), (f"{h}.attn.{proj}.transpose", "TRANSPOSE", 0)]
+        out += [(f"{h}.attn.scores", "BATCH_MATMUL", 0), (f"{h}.attn.mask", "SELECT_V2", 0),
+                (f"{h}.attn.softmax", "SOFTMAX", 0), (f"{h}.attn.context", "BATCH_MATMUL", 0),
+                (f"{h}.attn.transpose", "TRANSPOSE", 0), (f"{h}.attn.reshape", "RESHAPE", 0)]
+        fc(f"{h}.attn.out", d, d)
+        out += [(f"{h}.attn.out.bias", "ADD", 4 * d), (f"{h}.residual_1", "ADD", 0)]
+        ln(f"{h}.ln_2")
+        fc(f"{h}.mlp.fc", d, 4 * d)
+        out.append((f"{h}.mlp.fc.bias", "ADD", 16 * d))
+        out += [(f"{h}.mlp.gelu.{k}", op, 0) for k, op in enumerate(("POW", "MUL", "ADD", "MUL", "TANH", "ADD",
+                                                                       "MUL", "MUL"))]
+        fc(f"{h}.mlp.proj", 4 * d, d)
+        out += [(f"{h}.mlp.proj.bias", "ADD", 4 * d), (f"{h}.residual_2", "ADD", 0)]
+    ln("ln_f")
+    fc("lm_head", d, vocab)
+    return out
+
+
+def class_capacity(prob) -> dict[str, tuple[int, float]]:
+    """Median measured (C_l chunks, build-shadow ms) per op class; a class with no layer takes ``reusable``'s."""
+    by: dict[str, list] = {}
+    for layer in prob.layers:
+        by.setdefault(layer.op_class, []).append(layer)
+    med = {c: (int(statistics.median(x.capacity_chunks for x in ls)),
+               statistics.median(x.capacity_build_ms for x in ls)) for c, ls in by.items()}
+    fallback = med.get("reusable", (0, 0.0))
+    return {c: (0, 0.0) if c == "hierarchical" else med.get(c, fallback) for c in ("elemental", "reusable",
+                                                                                   "hierarchical")}
+
+
+def shape_problem(ops: list[tuple[str, str, int]], caps: dict, settings: dict, objective: str, window: int,
+                  share: float):
+    from edgeplan.plan.flashmem.problem import KIB, Layer, Problem, min_m_peak
+    from edgeplan.profile.capacity import op_class
+
+    layers = tuple(Layer(n, w, 0.0, op_class(op), *caps[op_class(op)]) for n, op, w in ops)
+    kw = dict(chunk_bytes=int(settings["chunk_bytes"]), lam=float(settings["lambda"]), objective=objective,
+              window=window, lookback=int(settings["lookback"]), time_limit_s=float(settings["time_limit_s"]))
+    prob = Problem(layers, m_peak=1, **kw)
+    total = sum(prob.full_kib(i) for i in range(prob.n)) * KIB
+    return Problem(layers, m_peak=max(int(share * total), int(min_m_peak(prob) * 1.05)), **kw)
+
+
+def solve_row(name: str, prob) -> dict:
+    from edgeplan.plan.flashmem import lcopg
+
+    t0 = time.perf_counter()
+    p = lcopg.plan(prob)
+    wall = time.perf_counter() - t0
+    ws = [{"layers": [w.first, w.last], "weights": w.weights, "tier": w.tier, "status": w.status,
+           "gap": w.gap, "seconds": round(w.seconds, 3)} for w in p.windows]
+    row = {"model": name, "layers": prob.n, "weights": len(prob.weights()), "objective": prob.objective,
+           "window": prob.window, "m_peak_bytes": prob.m_peak, "windows": len(ws),
+           "all_optimal": all(w["status"] == "OPTIMAL" for w in ws), "tiers": sorted({w["tier"] for w in ws}),
+           "max_window_s": max((w["seconds"] for w in ws), default=0.0), "wall_s": round(wall, 2),
+           "per_window": ws}
+    log(f"  {name} {prob.objective} window {prob.window}: {row['windows']} windows, all optimal "
+        f"{row['all_optimal']}, max {row['max_window_s']:.1f} s, wall {wall:.1f} s")
+    return row
+
+
+def solver(dense_dir: Path | None, settings: dict, share: float) -> dict:
+    rows = []
+    dense = problem_of(dense_dir, settings, 1) if dense_dir else None
+    if dense is not None:
+        from dataclasses import replace
+
+        m_peak, _ = budget(dense_dir, settings, share)
+        rows.append(solve_row("DenseNet201", replace(dense, m_peak=m_peak, objective="paper", window=100)))
+    caps = class_capacity(dense) if dense else {"elemental": (4, 0.0), "reusable": (4, 0.0), "hierarchical": (0, 0.0)}
+    for name, cfg in GPT_NEO.items():
+        ops = gpt_neo_layers(*cfg, max_bytes=int(settings["max_segment_bytes"]))
+        rows.append(solve_row(name, shape_problem(ops, caps, settings, "paper", 100, share)))
+        rows.append(solve_row(name, shape_problem(ops, caps, settings, "resident", len(ops), share)))
+    return {"rows": rows, "class_capacity": {c: {"chunks": k, "build_ms": b} for c, (k, b) in caps.items()}}
+
+
+# ---------------------------------------------------------------------------------------------- capacity model
+def capacity_mape(dirs: dict[str, Path]) -> dict:
+    """Leave one model out: fit the slowdown model on the others' measured runs, predict the held-out's
+    layer times beside each loader rate and beside a build; MAPE of those times."""
+    from edgeplan.artifacts import StreamInfo
+    from edgeplan.profile import capacity as cap
+    from edgeplan.profile.capacity_model import SlowdownModel, capacities
+    from edgeplan.profile.features import segment_features
+    from edgeplan.profile.predictor import mape
+    from edgeplan.profile.schema import Profile
+    from edgeplan.quantize.tflite_graph import TfliteGraph
+
+    runs = {}
+    for name, d in dirs.items():
+        info = StreamInfo.load(d / "stream" / "stream.json")
+        feats = [segment_features(TfliteGraph((d / x.file).read_bytes())) for x in info.layers]
+        runs[name] = (Profile.load(d / "profiles" / f"{CLASS}.json").load_capacity, feats)
+    folds = {}
+    for held in runs:
+        train = [runs[n] for n in runs if n != held]
+        if not train:
+            continue
+        model = SlowdownModel.fit(train, os.cpu_count() or 1)
+        run, feats = runs[held]
+        pred = model.slowdowns(run, feats)
+        measured, predicted = [], []
+        for layer, slows in zip(run.layers, pred):
+            for k, s in enumerate(slows):
+                measured.append(layer.alone_ms * (1 + layer.slowdown(k)))
+                predicted.append(layer.alone_ms * (1 + s))
+        chunk = 64 * 1024
+        same = [a == b for a, b in zip(capacities(run, chunk), capacities(run, chunk, pred))]
+        folds[held] = {"mape": round(mape(predicted, measured), 4), "layers": len(run.layers),
+                       "c_l_same_fraction": round(sum(same) / len(same), 3), "rates_mb_s": list(cap.RATES_MB_S)}
+    value = statistics.mean(f["mape"] for f in folds.values()) if folds else None
+    return {"value": value, "folds": folds}
+
+
+# ---------------------------------------------------------------------------------------------- main
+def geomean(xs: list[float]) -> float:
+    return math.exp(statistics.mean(math.log(x) for x in xs))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, default=REPO / ".edgeplan" / "bench" / "flashmem",
+                    help="where the compiled models and plans stay between runs (default: .edgeplan/bench/flashmem)")
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated, of " + ", ".join(MODELS))
+    ap.add_argument("--share", type=float, default=0.25, help="M_peak as this share of the preloaded footprint")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--iterations", type=int, default=3, help="cold requests per configuration process")
+    ap.add_argument("--fifo-iterations", type=int, default=10)
+    ap.add_argument("--parts", default="models,fifo,tradeoff,solver,capacity,probe")
+    ap.add_argument("--quick", action="store_true", help="2 rounds, 1 iteration, 3 FIFO iterations (marked quick)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return 0
+    if args.quick:
+        args.rounds, args.iterations, args.fifo_iterations = 2, 1, 3
+    from edgeplan.pipeline import params as params_mod
+
+    settings = params_mod.load(None)["flashmem"]
+    parts = set(args.parts.split(","))
+    result: dict = {"machine": machine(), "quick": args.quick, "share": args.share, "rounds": args.rounds,
+                    "iterations": args.iterations, "cold": True, "emulated": False}
+    wanted = [m for m in args.models.split(",") if m]
+    unknown = [m for m in wanted if m not in MODELS]
+    if unknown:
+        ap.error(f"--models: {', '.join(unknown)} unknown; choose from {', '.join(MODELS)}")
+    dirs, missing = {}, {}
+    for name in wanted:
+        try:
+            dirs[name] = prepare(args.work, MODELS[name])
+        except RuntimeError as e:
+            missing[name] = str(e)
+            log(f"{name}: not measured: {e}")
+    result["missing_models"] = missing
+    plans = {}
+    for name, d in dirs.items():
+        m_peak, footprint = budget(d, settings, args.share)
+        fp, path, seconds = plan(args.work, f"bench-{d.parent.name}", d.parent.name, m_peak)
+        plans[name] = (fp, path)
+        log(f"{name}: planned at M_peak {m_peak / 2**20:.1f} MiB in {seconds:.1f} s")
+    if "models" in parts:
+        per_model = {}
+        for name, d in dirs.items():
+            fp, path = plans[name]
+            (mp,) = fp.models
+            log(f"{name}: measuring {', '.join(MODES)}")
+            configs = {mode: {"mode": mode, "iterations": args.iterations, "models": [entry(d, path)]}
+                       for mode in MODES}
+            runs = measure_configs(configs, args.rounds, seed=len(per_model))
+            s = {mode: summary(runs[mode]) for mode in MODES}
+            pre = s["preload"]
+            per_model[name] = {
+                "m_peak_bytes": fp.m_peak, "segments": len(mp.segments), "layers": len(mp.plan.resident_bytes),
+                "predicted_peak_bytes": mp.plan.peak_resident_bytes, "predicted_preload_bytes": mp.preload_peak_bytes,
+                "modes": s, "peak_rss_ratio": s["plan"]["peak_bytes"] / pre["peak_bytes"],
+                "integrated_latency_ratio": s["plan"]["ms"] / pre["ms"],
+                "always_next_over_plan": s["always-next"]["ms"] / s["plan"]["ms"],
+                "same_op_over_plan": s["same-op-type"]["ms"] / s["plan"]["ms"],
+                "always_next_peak_over_plan": s["always-next"]["peak_bytes"] / s["plan"]["peak_bytes"],
+                "rss_prediction_error": abs(mp.plan.peak_resident_bytes - s["plan"]["peak_bytes"])
+                / s["plan"]["peak_bytes"],
+                "identical": identical(d, path),
+            }
+            log(f"{name}: peak plan/preload {per_model[name]['peak_rss_ratio']:.3f}, time "
+                f"{per_model[name]['integrated_latency_ratio']:.3f}, always-next/plan "
+                f"{per_model[name]['always_next_over_plan']:.3f}")
+        result["models"] = per_model
+        if per_model:
+            result["peak_rss_ratio"] = geomean([m["peak_rss_ratio"] for m in per_model.values()])
+            result["integrated_latency_ratio"] = geomean([m["integrated_latency_ratio"] for m in per_model.values()])
+            result["integrated_latency_ratio_max"] = max(m["integrated_latency_ratio"] for m in per_model.values())
+            vgg = per_model.get("VGG19")
+            result["always_next_over_plan"] = {"value": vgg["always_next_over_plan"] if vgg else None,
+                                               "model": "VGG19" if vgg else "VGG19 not measured"}
+            result["same_op_over_plan"] = {"value": vgg["same_op_over_plan"] if vgg else None}
+            result["rss_prediction_error"] = max(m["rss_prediction_error"] for m in per_model.values())
+            result["identical"] = int(all(all(m["identical"].values()) for m in per_model.values()))
+    if "fifo" in parts and len(dirs) > 1:
+        log(f"FIFO of {', '.join(dirs)} x {args.fifo_iterations}")
+        models = [entry(d, plans[n][1]) for n, d in dirs.items()]
+        configs = {mode: {"mode": mode, "iterations": args.fifo_iterations, "models": models}
+                   for mode in ("preload", "plan")}
+        runs = measure_configs(configs, max(1, args.rounds // 2), seed=99)
+        s = {mode: summary(runs[mode]) for mode in configs}
+        result["fifo_peak_ratio"] = s["plan"]["peak_bytes"] / s["preload"]["peak_bytes"]
+        result["fifo"] = {"models": list(dirs), "iterations": args.fifo_iterations, "modes": s,
+                          "timeline": {mode: runs[mode][0]["timeline"] for mode in configs}}
+    if "tradeoff" in parts and "ResNet50V2" in dirs:
+        d = dirs["ResNet50V2"]
+        _, footprint = budget(d, settings, args.share)
+        low, _ = budget(d, settings, 0.0)
+        points = []
+        for share in (0.0, 0.15, 0.25, 0.5, 1.0):
+            for lam in (0.5, 0.9):
+                m_peak = max(low, int(share * footprint))
+                fp, path, _ = plan(args.work, f"bench-tradeoff-{share}-{lam}", d.parent.name, m_peak, lam)
+                runs = measure_configs({"plan": {"mode": "plan", "iterations": args.iterations,
+                                                 "models": [entry(d, path)]}}, max(1, args.rounds // 2), seed=7)
+                s = summary(runs["plan"])
+                points.append({"share": share, "lambda": lam, "m_peak_bytes": m_peak,
+                               "predicted_peak_bytes": fp.models[0].plan.peak_resident_bytes, **s})
+                log(f"  tradeoff share {share} lambda {lam}: peak {s['peak_bytes'] / 2**20:.1f} MiB, {s['ms']:.0f} ms")
+        result["tradeoff"] = {"model": "ResNet50V2", "points": points}
+    if "solver" in parts:
+        log("solver: Table 4 layer lists")
+        result["solver"] = solver(dirs.get("DenseNet201"), settings, args.share)
+    if "capacity" in parts and len(dirs) > 1:
+        result["capacity_mape"] = capacity_mape(dirs)
+    if "probe" in parts:
+        result["second_core_free"] = second_core()
+    keys = tuple(k for k in ("peak_rss_ratio", "integrated_latency_ratio", "always_next_over_plan",
+                             "fifo_peak_ratio", "rss_prediction_error", "capacity_mape", "identical") if k in result)
+    publish("flashmem", result, plot, keys)
+    return 0
+
+
+def plot(result: dict, path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    models = result.get("models", {})
+    _bars(axes[0][0], models, lambda s: s["peak_bytes"] / 2**20, "peak RSS above baseline (MiB, cold)",
+          "Table 8: peak resident set per mode (measured)")
+    _bars(axes[0][1], models, lambda s: s["ms"], "median request ms (read + build + run, cold)",
+          "Table 7 / Fig. 9: integrated latency per mode")
+    ax = axes[1][0]
+    for p in result.get("tradeoff", {}).get("points", []):
+        ax.scatter(p["peak_bytes"] / 2**20, p["ms"], marker="o" if p["lambda"] == 0.9 else "s",
+                   color="tab:blue" if p["lambda"] == 0.9 else "tab:orange")
+        ax.annotate(f"{p['share']}", (p["peak_bytes"] / 2**20, p["ms"]), fontsize=7)
+    ax.set_xlabel("measured peak RSS (MiB)")
+    ax.set_ylabel("median request ms")
+    ax.set_title("Fig. 8: ResNet50V2 over M_peak share (labels); o lambda 0.9, s lambda 0.5")
+    ax = axes[1][1]
+    for mode, tl in result.get("fifo", {}).get("timeline", {}).items():
+        ax.plot([t for t, _ in tl], [b / 2**20 for _, b in tl], label=mode, lw=0.8)
+    ax.set_xlabel("s")
+    ax.set_ylabel("RSS above baseline (MiB)")
+    ax.set_title("Fig. 6: FIFO of the models, cold")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _bars(ax, models: dict, value, ylabel: str, title: str) -> None:
+    names = list(models)
+    for k, mode in enumerate(MODES):
+        ax.bar([i + k * 0.2 for i in range(len(names))], [value(models[n]["modes"][mode]) for n in names], 0.2,
+               label=mode)
+    ax.set_xticks([i + 0.3 for i in range(len(names))], names)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
