@@ -145,10 +145,31 @@ def cmd_analyze(args, params) -> int:
     console.print(t)
     if analysis.note:
         console.print(analysis.note)
+    if args.branches:
+        _print_branches(model, args.model)
     if args.json:
         write_json_atomic(args.json, analysis)
         console.print(f"wrote {args.json}")
     return 0
+
+
+def _print_branches(model, label: str) -> None:
+    from edgeplan.graph import branches
+    from edgeplan.graph.model import GraphView
+
+    dag = branches.from_onnx(GraphView(model))
+    s = branches.structure(dag)
+    t = Table(title=f"Parallax layers of {label} with more than one branch (nodes per branch)")
+    for col in ("layer", "branches", "nodes", "first nodes"):
+        t.add_column(col)
+    for k, layer in enumerate(s.layers):
+        if len(layer) > 1:
+            bs = [s.branches[b] for b in layer]
+            t.add_row(str(k), str(len(bs)), " ".join(str(len(b.nodes)) for b in bs),
+                      _short(", ".join(dag.names[b.nodes[0]] for b in bs), 60))
+    console.print(t)
+    console.print(f"{len(dag.names)} nodes, {len(s.branches)} branches, {len(s.layers)} layers, "
+                  f"{s.parallel_layers} of them parallel (largest: {s.max_branches} branches)")
 
 
 def cmd_build(args, params) -> int:
@@ -476,6 +497,9 @@ def parser() -> argparse.ArgumentParser:
     model_args(sp, False)
     sp.add_argument("--json", help="write the candidates as analysis JSON to this file")
     sp.add_argument("--max-points", type=int, help="recorded in the JSON; the compile stage applies it")
+    sp.add_argument("--branches", action="store_true",
+                    help="also the Parallax branch-layer structure of the ONNX graph: branches (maximal chains and "
+                         "one-node split/merge units) grouped into layers that can run at once")
     sp.set_defaults(func=cmd_analyze)
     sp = sub.add_parser("build", help="int8 conversion, matching, segments and Edge TPU compile of an ingested model")
     sp.add_argument("artifact_dir")

@@ -61,6 +61,15 @@ def test_analyze_lists_onnx_candidates(tmp_path):
     assert all(p["tflite_tensor"] is None for p in a["points"])
 
 
+def test_analyze_branches_prints_the_parallax_layers(tmp_path, capsys):
+    """SqueezeNet's 8 fire modules: an expand 1x1 and an expand 3x3 side by side; tiny_cnn's residual skip
+    holds no operator, so nothing runs beside its convolutions."""
+    assert main(["analyze", "zoo:light_squeezenet", "--out", str(tmp_path), "--branches"]) == 0
+    assert "64 nodes, 41 branches, 33 layers, 8 of them parallel (largest: 2 branches)" in capsys.readouterr().out
+    assert main(["analyze", "zoo:tiny_cnn", "--out", str(tmp_path), "--branches"]) == 0
+    assert "0 of them parallel (largest: 1 branches)" in capsys.readouterr().out
+
+
 def test_bad_input_exits_2_with_a_message(tmp_path, capsys):
     assert main(["compile", str(tmp_path / "missing.onnx"), "--name", "x", "--version", "1", "--out", str(tmp_path)]) == 2
     assert "missing.onnx: no such file" in capsys.readouterr().err
