@@ -168,3 +168,62 @@ def _kind(dag: Dag, nodes: list[int], d_in: int, d_out: int) -> str:
     if d_in <= 1:
         return "splitter"
     return "merger" if d_out <= 1 else "split-merge"
+
+
+def tflite_flops(graph) -> list[int]:
+    """FLOPs per operator of a ``TfliteGraph`` by Parallax's Table 8 (Appendix A): convolutions and matrix
+    products 2 x MACs (a depthwise convolution's MACs, not the table's C_in x C_out); pooling H_out x W_out x
+    K_h x K_w (x channels); reductions their input size; reshapes, slices, transposes, concatenations 0;
+    every other operator (element-wise) its output size."""
+    out = []
+    for op, macs in zip(graph.ops, graph.op_macs):
+        size = sum(_numel(graph.tensors[o].shape) for o in op.outputs)
+        if macs:
+            out.append(2 * macs)
+        elif op.name in ("AVERAGE_POOL_2D", "MAX_POOL_2D", "L2_POOL_2D"):
+            opts = op.builtin_options
+            out.append(size * getattr(opts, "filterHeight", 1) * getattr(opts, "filterWidth", 1))
+        elif op.name in ("MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD"):
+            out.append(_numel(graph.tensors[op.inputs[0]].shape))
+        elif op.name in _NO_FLOPS:
+            out.append(0)
+        else:
+            out.append(size)
+    return out
+
+
+_NO_FLOPS = frozenset({"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "SLICE", "STRIDED_SLICE", "TRANSPOSE", "CONCATENATION",
+                       "PACK", "UNPACK", "SPLIT", "SPLIT_V", "GATHER", "PAD", "PADV2", "QUANTIZE", "DEQUANTIZE"})
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= max(1, d)
+    return n
+
+
+def refine(s: Structure, flops: list[int], min_nodes: int = 3, beta: float = 1.5
+           ) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Parallax's refinement (§3.1): per layer, the tasks its branches run as — branch groups, one worker each —
+    so that every task has more than ``min_nodes - 1`` operators and the heaviest task has at most ``beta`` x the
+    FLOPs of the lightest. A failing branch is never dropped: the lightest failing task joins the lightest other
+    task until every task passes or one is left (the layer then runs as one task, in order)."""
+    out = []
+    for layer in s.layers:
+        tasks = [[b] for b in layer]
+        work = [sum(flops[v] for v in s.branches[b].nodes) for b in layer]
+        nodes = [len(s.branches[b].nodes) for b in layer]
+        while len(tasks) > 1:
+            heaviest = max(work)
+            failing = [t for t in range(len(tasks)) if nodes[t] < min_nodes or work[t] * beta < heaviest]
+            if not failing:
+                break
+            a = min(failing, key=lambda t: (work[t], nodes[t]))
+            b = min((t for t in range(len(tasks)) if t != a), key=lambda t: (work[t], nodes[t]))
+            tasks[b] += tasks[a]
+            work[b] += work[a]
+            nodes[b] += nodes[a]
+            del tasks[a], work[a], nodes[a]
+        out.append(tuple(tuple(sorted(t)) for t in tasks))
+    return tuple(out)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgeplan.graph.branches import Dag, GraphStructureError, from_tflite, structure
+from edgeplan.graph.branches import Dag, GraphStructureError, from_tflite, refine, structure, tflite_flops
 
 
 @st.composite
@@ -71,6 +71,33 @@ def test_branches_partition_the_graph_into_maximal_chains_and_layers_into_indepe
             assert not any(w in reach[v] for v in s.branches[c].nodes for w in s.branches[a].nodes)
 
 
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(dags(max_nodes=12), st.lists(st.integers(0, 1000), min_size=12, max_size=12),
+       st.sampled_from([1.2, 1.5, 3.0]), st.integers(1, 4))
+def test_refinement_keeps_every_branch_and_leaves_balanced_tasks_or_one(dag, flops, beta, min_nodes):
+    s = structure(dag)
+    tasks = refine(s, flops, min_nodes, beta)
+    assert len(tasks) == len(s.layers)
+    for layer, ts in zip(s.layers, tasks):
+        assert sorted(b for t in ts for b in t) == sorted(layer)  # a failing branch shares a task, never dropped
+        if len(ts) > 1:
+            work = [sum(flops[v] for b in t for v in s.branches[b].nodes) for t in ts]
+            assert all(sum(len(s.branches[b].nodes) for b in t) >= min_nodes for t in ts)
+            assert max(work) <= beta * min(work)
+
+
+def test_refinement_joins_a_light_branch_to_the_lightest_other():
+    # one splitter feeding three chains of 3 operators each, merged at the end
+    preds = ((), (0,), (1,), (2,), (0,), (4,), (5,), (0,), (7,), (8,), (3, 6, 9))
+    dag = Dag(tuple(f"n{v}" for v in range(11)), ("CONV_2D",) * 11, preds, (None,) * 11)
+    s = structure(dag)
+    assert [len(layer) for layer in s.layers] == [1, 3, 1]
+    flops = [0, 40, 30, 30, 30, 30, 30, 4, 3, 3, 0]  # chains of 100, 90 and 10 FLOPs
+    assert refine(s, flops)[1] == ((1,), (2, 3))
+    assert refine(s, flops, beta=20.0)[1] == ((1,), (2,), (3,))
+    assert refine(s, flops, min_nodes=4)[1] == ((1, 2, 3),)
+
+
 def test_a_region_is_one_branch_and_a_non_convex_one_is_refused():
     # 0 -> {1, 2} -> 3; region {1, 2}? not connected to each other, but nothing leaves and re-enters: fine
     dag = Dag(("a", "b", "c", "d"), ("CONV_2D",) * 4, ((), (0,), (0,), (1, 2)), (None, 7, 7, None))
@@ -98,3 +125,7 @@ def test_squeezenet_fire_modules_are_parallel_layers_of_two_branches(compiled):
     assert sum(len(b.nodes) for b in s.branches) == len(g.ops)
     assert s.max_branches == 2 and s.parallel_layers == 8
     assert {b.kind for b in s.branches} >= {"chain", "splitter", "merger"}
+    flops = tflite_flops(g)
+    assert sum(flops) > 2 * sum(g.op_macs) - 1 and all(f >= 0 for f in flops)
+    tasks = refine(s, flops)
+    assert sum(1 for ts in tasks if len(ts) > 1) <= s.parallel_layers
