@@ -49,12 +49,24 @@ def layers(graph: TfliteGraph) -> list[StreamLayer]:
 
 def boundary(graph: TfliteGraph, first_op: int, last_op: int) -> tuple[list[int], list[int]]:
     """(inputs, outputs) of the op range [first_op, last_op]: tensor indices, ascending."""
-    inside = range(first_op, last_op + 1)
+    return ops_boundary(graph, range(first_op, last_op + 1))
+
+
+def ops_boundary(graph: TfliteGraph, ops) -> tuple[list[int], list[int]]:
+    """(inputs, outputs) of a set of ops (a range, or a Parallax branch): the activations they read and do not
+    make, and those they make that another op or the model's output reads; tensor indices, ascending."""
+    inside = set(ops)
     produced = {o for i in inside for o in graph.ops[i].outputs}
     inputs = sorted({x for i in inside for x in graph.activations(graph.ops[i]) if x not in produced})
-    later = {x for op in graph.ops[last_op + 1:] for x in graph.activations(op)} | set(graph.outputs)
-    outputs = sorted(produced & later)
+    elsewhere = {x for op in graph.ops if op.index not in inside for x in graph.activations(op)}
+    outputs = sorted(produced & (elsewhere | set(graph.outputs)))
     return inputs, outputs
+
+
+def cut_ops(graph: TfliteGraph, ops: list[int], tag: str) -> bytes:
+    """The ops (in the model's order) as a TFLite model whose inputs and outputs are their boundary tensors."""
+    inputs, outputs = ops_boundary(graph, ops)
+    return _submodel(graph.model, sorted(ops), inputs, outputs, tag)
 
 
 def cut_range(graph: TfliteGraph, first_op: int, last_op: int, tag: str) -> bytes:
