@@ -39,8 +39,12 @@ def test_fits_its_training_data(trained):
     profiles, model = trained
     data = examples(profiles)
     pred = model.predict_many([(e.features, e.threads, e.cores, e.probe_ms) for e in data])
-    big = [(p, e.ms) for p, e in zip(pred, data) if e.ms >= 0.5]
+    # a time under a millisecond can double when the shared host is busy while it is measured: those count in
+    # the median only
+    errors = sorted(abs(p / e.ms - 1) for p, e in zip(pred, data) if e.ms >= 0.5)
+    big = [(p, e.ms) for p, e in zip(pred, data) if e.ms >= 1.0]
     assert big and all(abs(p / m - 1) < 0.5 for p, m in big)
+    assert errors[len(errors) // 2] < 0.25
 
 
 def test_prediction_scales_with_the_runs_probe(trained):
