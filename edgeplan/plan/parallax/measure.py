@@ -1,0 +1,100 @@
+"""Sub-models of a Parallax plan cut from the one int8 model, and the per-layer times the schedule decides by.
+
+Per candidate layer, measured with real interpreters and threads on the model's own activations (one run of the
+whole model keeping every tensor): each task alone on one thread (LPT packs by these), the packed worker
+sub-models at once (``ParallelRunner``), and the layer as one sub-model on W XNNPACK threads; the two
+configurations interleaved, medians.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+
+from edgeplan.plan.parallax.schedule import Layer, ParallaxPlan, decide, repack
+from edgeplan.quantize import litert
+from edgeplan.quantize.stream import cut_ops
+from edgeplan.quantize.tflite_graph import TfliteGraph
+from edgeplan.runtime.parallel import ParallelRunner, Stage, SubModel
+from edgeplan.runtime.stream import invoke_named
+
+
+def interpreter_for(deterministic: bool) -> Callable[[bytes, int], object]:
+    return lambda data, threads: litert.interpreter(data, deterministic=deterministic, threads=threads)
+
+
+def activations(graph: TfliteGraph, x: dict[str, np.ndarray] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+    """Every tensor of one run of the whole model by name (random int8 input unless given)."""
+    it = litert.interpreter(graph.data, deterministic=True, keep_all=True)
+    rng = np.random.default_rng(seed)
+    for d in it.get_input_details():
+        info = np.iinfo(d["dtype"]) if np.issubdtype(d["dtype"], np.integer) else None
+        value = (x or {}).get(d["name"])
+        if value is None:
+            value = (rng.integers(info.min, info.max, size=d["shape"], endpoint=True).astype(d["dtype"]) if info
+                     else rng.uniform(-1, 1, size=d["shape"]).astype(d["dtype"]))
+        it.set_tensor(d["index"], value)
+    it.invoke()
+    out = {}
+    for d in it.get_tensor_details():
+        try:
+            out[d["name"]] = it.get_tensor(d["index"]).copy()
+        except ValueError:  # a tensor with no data (freed scratch)
+            continue
+    return out
+
+
+def runtime_stages(graph: TfliteGraph, plan: ParallaxPlan, tag: str = "px") -> list[Stage]:
+    """The plan's stages as the runtime takes them; one stage of every op is the model itself, uncut."""
+    if len(plan.stages) == 1 and len(plan.stages[0].submodels) == 1:
+        return [Stage(None, (SubModel(f"{tag}_whole", graph.data, plan.stages[0].threads),))]
+    out = []
+    for k, s in enumerate(plan.stages):
+        subs = tuple(SubModel(f"{tag}_s{k}w{w}", cut_ops(graph, list(ops), f"{tag}_s{k}w{w}"), s.threads)
+                     for w, ops in enumerate(s.submodels))
+        out.append(Stage(s.layer, subs))
+    return out
+
+
+def _median_ms(work: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        work()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def measure(graph: TfliteGraph, layers: list[Layer], *, workers: int, deterministic: bool = False,
+            repeats: int = 7, live: dict[str, np.ndarray] | None = None) -> list[Layer]:
+    """The candidate layers decided by measured times (other layers returned as they are)."""
+    build = interpreter_for(deterministic)
+    live = live if live is not None else activations(graph)
+    out = []
+    for layer in layers:
+        if layer.mode != "branches":
+            out.append(layer)
+            continue
+        tag = f"L{layer.index}"
+        task_ms = []
+        for i, ops in enumerate(layer.tasks):
+            it = build(cut_ops(graph, list(ops), f"{tag}t{i}"), 1)
+            invoke_named(it, live)  # warm
+            task_ms.append(_median_ms(lambda: invoke_named(it, live), repeats))
+        packed = repack(layer, task_ms, workers)
+        subs = tuple(SubModel(f"{tag}w{w}", cut_ops(graph, [v for i in b for v in layer.tasks[i]], f"{tag}w{w}"), 1)
+                     for w, b in enumerate(packed.bins))
+        rest = sorted(v for i, t in enumerate(layer.tasks) if i not in layer.chosen for v in t)
+        after = [Stage(None, (SubModel(f"{tag}rest", cut_ops(graph, rest, f"{tag}rest"), workers),))] if rest else []
+        branches = ParallelRunner([Stage(layer.index, subs), *after], build, workers=workers)
+        whole = build(cut_ops(graph, sorted(v for t in layer.tasks for v in t), f"{tag}all"), workers)
+        branches.run(live), invoke_named(whole, live)  # warm
+        par, thr = [], []
+        for r in range(repeats):  # interleaved, each first in turn
+            pair = [(par, lambda: branches.run(live)), (thr, lambda: invoke_named(whole, live))]
+            for sink, work in (pair if r % 2 == 0 else pair[::-1]):
+                sink.append(_median_ms(work, 1))
+        out.append(decide(packed, task_ms, statistics.median(par), statistics.median(thr), workers))
+    return out
