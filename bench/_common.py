@@ -4,7 +4,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -54,3 +56,22 @@ def publish(name: str, result: dict, plot, keys: tuple[str, ...]) -> Path:
     print(f"[bench] wrote {path}")
     print({k: result[k] for k in keys})
     return path
+
+
+def second_core() -> dict:
+    """The speed probe alone, then two probes at once in two processes: median ms of each."""
+    code = ("from edgeplan.profile import cpu; import statistics, time\n"
+            "from ai_edge_litert.interpreter import Interpreter\n"
+            "it = Interpreter(model_path=str(cpu.PROBE), num_threads=1); it.allocate_tensors(); it.invoke()\n"
+            "ts = []\n"
+            "for _ in range(60):\n t = time.perf_counter(); it.invoke(); ts.append((time.perf_counter() - t) * 1e3)\n"
+            "print(statistics.median(ts))\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+
+    def start():
+        return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+
+    alone = float(start().communicate()[0])
+    pair = [start(), start()]
+    both = [float(p.communicate()[0]) for p in pair]
+    return {"value": round(statistics.median(both) / alone, 3), "alone_ms": alone, "two_at_once_ms": both}

@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from _common import machine, publish, pyplot  # noqa: E402
+from _common import machine, publish, pyplot, second_core  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 EDGEPLAN = [sys.executable, "-m", "edgeplan.cli"]
@@ -233,25 +233,6 @@ def identical(d: Path, plan_path: Path) -> dict[str, bool]:
         got, _ = stream.Streamer(segs, stream.schedule(segs, mode, mp.plan), interp, mode).run(x)
         out[mode] = all(np.array_equal(got[k], want[k]) for k in want)
     return out
-
-
-def second_core() -> dict:
-    """The speed probe alone, then two probes at once in two processes: median ms of each."""
-    code = ("from edgeplan.profile import cpu; import statistics, time\n"
-            "from ai_edge_litert.interpreter import Interpreter\n"
-            "it = Interpreter(model_path=str(cpu.PROBE), num_threads=1); it.allocate_tensors(); it.invoke()\n"
-            "ts = []\n"
-            "for _ in range(60):\n t = time.perf_counter(); it.invoke(); ts.append((time.perf_counter() - t) * 1e3)\n"
-            "print(statistics.median(ts))\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-
-    def start():
-        return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
-
-    alone = float(start().communicate()[0])
-    pair = [start(), start()]
-    both = [float(p.communicate()[0]) for p in pair]
-    return {"value": round(statistics.median(both) / alone, 3), "alone_ms": alone, "two_at_once_ms": both}
 
 
 # ---------------------------------------------------------------------------------------------- Table 4

@@ -4,6 +4,7 @@
     edgeplan analyze MODEL --json OUT             list the ONNX candidate partition points
     edgeplan verify ARTIFACT_DIR                  re-run the checks, print the table (exit 1 on failure)
     edgeplan ingest | build | stream              single stages (what dvc.yaml runs)
+    edgeplan parallax ARTIFACT_DIR                Parallax branch-parallel plans, measured here -> parallax/
     edgeplan zoo list | zoo build NAME DIR        real architectures with seeded weights, no downloads
     edgeplan profile run ARTIFACT_DIR --device-class C   profiles/C.json: TPU (emulated) and CPU (measured) times
     edgeplan profile diff A B                     segments whose latency moved beyond a threshold
@@ -202,6 +203,34 @@ def cmd_stream(args, params) -> int:
     console.print(t)
     console.print(f"wrote {root / 'stream'}")
     return 0 if info.ok else 1
+
+
+def cmd_parallax(args, params) -> int:
+    root = Path(args.artifact_dir)
+    if not (root / "model_int8.tflite").is_file():
+        raise EdgeplanError(f"{root / 'model_int8.tflite'}: missing; run `edgeplan build {root}` first.")
+    with _progress() as update:
+        record = _stages().parallax(root, params, update)
+    t = Table(title=f"Parallax plans of {root} ({record['workers']} workers, budget "
+                    f"{record['budget_bytes'] / 2**20:.0f} MiB; times measured here)")
+    for col in ("target", "ops", "parallel layers", "whole ms", "plan ms", "plan/whole", "sub-models", "identical"):
+        t.add_column(col, justify="left" if col in ("target", "identical") else "right")
+    ok = True
+    for name, r in record["targets"].items():
+        if "same_as" in r:
+            t.add_row(name, "", f"as {r['same_as']}", "", "", "", "", "")
+            continue
+        ok &= all(r["identical"].values())
+        ratio = r["plan_ms"] / r["whole_ms"] if r["whole_ms"] else 1.0
+        ms = [f"{r[k]:.2f}" if r[k] is not None else "-" for k in ("whole_ms", "plan_ms")]
+        t.add_row(name, str(r["ops"]), str(r["parallel_layers"]), *ms, f"{ratio:.3f}", str(sum(len(st["submodels"]) for st in r["stages"]) or "whole"),
+                  ", ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in r["identical"].items()))
+    console.print(t)
+    for name, r in record["targets"].items():
+        if r.get("why"):
+            console.print(f"{name}: no branch-parallel layer: {r['why']}")
+    console.print(f"wrote {root / 'parallax'}")
+    return 0 if ok else 1
 
 
 def cmd_compile(args, params) -> int:
@@ -511,6 +540,17 @@ def parser() -> argparse.ArgumentParser:
                         "split, one segment per layer, checked identical) -> stream/; exit 1 if not identical")
     sp.add_argument("artifact_dir")
     sp.set_defaults(func=cmd_stream)
+    sp = sub.add_parser("parallax", help="Parallax branch-parallel plans for ARTIFACT_DIR's int8 model and every "
+                        "point's CPU suffix, measured on this host -> parallax/; exit 1 if not identical",
+                        description="Per target (the int8 model, each point's suffix): branches and layers, "
+                        "refinement (parallax.min_nodes, parallax.beta), the largest branch subset within the budget "
+                        "(parallax.budget_bytes, else MemAvailable x (1 - parallax.margin)) packed onto "
+                        "parallax.workers by LPT on measured times, each layer branch-parallel only where that "
+                        "measured faster than one sub-model on the same XNNPACK threads and kept only if the whole "
+                        "model then ran faster; sub-models cut from the int8 model and checked identical with both "
+                        "kernel sets.")
+    sp.add_argument("artifact_dir")
+    sp.set_defaults(func=cmd_parallax)
     sp = sub.add_parser("zoo", help="real architectures with seeded weights (no downloads)")
     zsub = sp.add_subparsers(dest="zoo_cmd", required=True)
     zsub.add_parser("list", help="list the zoo models")

@@ -34,6 +34,8 @@ DEFAULTS: dict = {
     "flashmem": {"max_segment_bytes": 16 * 1024 * 1024, "verify_samples": 2, "chunk_bytes": 64 * 1024,
                  "objective": "resident", "lambda": 0.9, "window": 100, "lookback": 100, "time_limit_s": 10.0,
                  "capacity_rounds": 5, "m_peak_ram_share": 0.25, "m_peak_bytes": None},
+    "parallax": {"workers": 2, "margin": 0.4, "budget_bytes": None, "min_nodes": 3, "beta": 1.5, "repeats": 9,
+                 "confirm_repeats": 15, "confirm_min_gain": 0.01, "verify_samples": 2},
     "orchestration": {"conversion_slots": 1, "reprofile_cron": "0 3 * * *", "prefect_server": "local",
                       "prefect_server_idle_s": 1800},
     "publish": {"store": ".edgeplan/store", "trusted_keys": [".edgeplan/keys"]},

@@ -317,3 +317,14 @@ def stream(root: Path, params: dict, progress: Progress = _noop) -> StreamInfo:
                       tuple(layers), identical, samples)
     info.save(out / "stream.json")
     return info
+
+
+def parallax(root: Path, params: dict, progress: Progress = _noop) -> dict:
+    """``parallax/``: Parallax plans for the int8 model and every point's CPU suffix, measured on this host, their
+    sub-models, and the check that they give the model's bits (``plan/parallax/stage``)."""
+    from edgeplan.plan.parallax import stage
+
+    if not (root / "model_int8.tflite").is_file():
+        raise ArtifactError(f"{root / 'model_int8.tflite'}: missing; run `edgeplan build {root}` first.")
+    with memory.stage("parallax"):
+        return stage.build(root, dict(params["parallax"]), int(params["verify"]["seed"]), progress)

@@ -63,10 +63,11 @@ def ops_boundary(graph: TfliteGraph, ops) -> tuple[list[int], list[int]]:
     return inputs, outputs
 
 
-def cut_ops(graph: TfliteGraph, ops: list[int], tag: str) -> bytes:
-    """The ops (in the model's order) as a TFLite model whose inputs and outputs are their boundary tensors."""
-    inputs, outputs = ops_boundary(graph, ops)
-    return _submodel(graph.model, sorted(ops), inputs, outputs, tag)
+def cut_ops(graph: TfliteGraph, ops: list[int], tag: str, outputs: list[int] | None = None) -> bytes:
+    """The ops (in the model's order) as a TFLite model whose inputs are the activations they read and do not
+    make and whose outputs are ``outputs`` (default: every tensor they make that another op reads)."""
+    inputs, boundary_outputs = ops_boundary(graph, ops)
+    return _submodel(graph.model, sorted(ops), inputs, boundary_outputs if outputs is None else list(outputs), tag)
 
 
 def cut_range(graph: TfliteGraph, first_op: int, last_op: int, tag: str) -> bytes:

@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from edgeplan.errors import EdgeplanError
+from edgeplan.quantize import litert
 from edgeplan.runtime.stream import invoke_named
 
 
@@ -39,6 +40,11 @@ class Stage:
     @property
     def parallel(self) -> bool:
         return len(self.submodels) > 1
+
+
+def interpreter_for(deterministic: bool) -> Callable[[bytes, int], object]:
+    """``(bytes, threads) -> allocated interpreter``: reference kernels (``deterministic``) or XNNPACK."""
+    return lambda data, threads: litert.interpreter(data, deterministic=deterministic, threads=threads)
 
 
 class Pool:

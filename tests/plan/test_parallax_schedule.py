@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from edgeplan.plan.parallax import measure, schedule
 from edgeplan.quantize import litert
 from edgeplan.quantize.tflite_graph import TfliteGraph
-from edgeplan.runtime.parallel import ParallelError, ParallelRunner, Pool
+from edgeplan.runtime.parallel import ParallelError, ParallelRunner, Pool, interpreter_for
 from edgeplan.runtime.stream import invoke_named
 
 MODELS = ["light_squeezenet", "light_inception_v1"]
@@ -65,14 +65,17 @@ def test_every_plan_runs_branch_parallel_to_the_int8_models_bits(compiled, model
     # whatever the times said, force each candidate both ways: every mix must be exact
     forced = [layer if layer.mode == "sequential" else
               replace(layer, mode="branches" if k % 2 == 0 else "threads") for k, layer in enumerate(layers)]
-    for chosen in (layers, forced):
+    every = [replace(layer, mode="branches") if layer.task_ms else layer for layer in layers]
+    for chosen in (layers, forced, every):
         plan = schedule.plan(g, chosen, workers=2, budget_bytes=1 << 30)
+        if chosen is every and model == "light_inception_v1":  # its concatenations fold into the next workers
+            assert any(set(s.submodels[0]) & set(s.submodels[1]) for s in plan.stages if len(s.submodels) > 1)
         stages = measure.runtime_stages(g, plan)
         assert plan.parallel_layers == sum(1 for s in stages if s.parallel)
         x = _inputs(g, live)
         for deterministic in (True, False):  # reference kernels and XNNPACK
             ref = invoke_named(litert.interpreter(g.data, deterministic=deterministic), x)
-            out = ParallelRunner(stages, measure.interpreter_for(deterministic), workers=2).run(x)
+            out = ParallelRunner(stages, interpreter_for(deterministic), workers=2).run(x)
             assert set(out) == set(ref)
             assert all(np.array_equal(out[k], ref[k]) for k in ref), (model, deterministic)
 
@@ -118,7 +121,7 @@ def test_without_an_idle_thread_the_sub_models_run_in_order(compiled):
     ref = invoke_named(litert.interpreter(g.data), x)
     busy = Pool(1)
     assert busy.take(1) == 1  # its one thread is someone else's
-    runner = ParallelRunner(stages, measure.interpreter_for(True), workers=2, pool_=busy)
+    runner = ParallelRunner(stages, interpreter_for(True), workers=2, pool_=busy)
     out = runner.run(x)
     assert all(np.array_equal(out[k], ref[k]) for k in ref)
 
@@ -127,7 +130,7 @@ def test_a_failing_branch_fails_its_request_naming_it_and_the_next_succeeds(comp
     g = _graph(compiled, "light_squeezenet")
     plan = _parallel_plan(g)
     stages = measure.runtime_stages(g, plan)
-    runner = ParallelRunner(stages, measure.interpreter_for(True), workers=2)
+    runner = ParallelRunner(stages, interpreter_for(True), workers=2)
     x = _inputs(g, measure.activations(g))
     k = next(i for i, s in enumerate(stages) if s.parallel)
     it = runner.interpreters[k][1]
@@ -143,3 +146,20 @@ def test_a_failing_branch_fails_its_request_naming_it_and_the_next_succeeds(comp
     ref = invoke_named(litert.interpreter(g.data), x)
     out = runner.run(x)
     assert all(np.array_equal(out[key], ref[key]) for key in ref)
+
+
+def test_confirm_keeps_a_layer_only_when_the_whole_model_ran_faster_with_it(compiled):
+    g = _graph(compiled, "light_inception_v1")
+    live = measure.activations(g)
+    layers = [replace(layer, parallel_ms=1.0, threads_ms=2.0 + layer.index) for layer in _candidates(g)]
+    final, info = measure.confirm(g, layers, workers=2, budget_bytes=1 << 30, repeats=3, min_gain=0.0, live=live)
+    assert [t["layer"] for t in info["trials"]] == sorted((layer.index for layer in layers if layer.mode == "branches"),
+                                                         key=lambda i: -i)  # the largest gain first
+    kept = {t["layer"] for t in info["trials"] if t["with_ms"] < t["without_ms"]}
+    assert {layer.index for layer in final if layer.mode == "branches"} == kept
+    assert all("end to end" in layer.why for layer in final if layer.mode == "threads" and layer.task_ms == ())
+    plan = schedule.plan(g, final, workers=2, budget_bytes=1 << 30)
+    x = _inputs(g, live)
+    ref = invoke_named(litert.interpreter(g.data, deterministic=False), x)
+    out = ParallelRunner(measure.runtime_stages(g, plan), interpreter_for(False), workers=2).run(x)
+    assert all(np.array_equal(out[k], ref[k]) for k in ref)

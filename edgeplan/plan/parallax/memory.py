@@ -18,10 +18,12 @@ def tensor_bytes(graph: TfliteGraph, ix: int) -> int:
     return n
 
 
-def intervals(graph: TfliteGraph, ops: list[int]) -> dict[int, tuple[int, int]]:
-    """Tensor -> (first step, last step) it is live, steps = positions of ``ops`` (sorted) in the branch."""
+def intervals(graph: TfliteGraph, ops: list[int], outputs: list[int] | None = None) -> dict[int, tuple[int, int]]:
+    """Tensor -> (first step, last step) it is live, steps = positions of ``ops`` (sorted) in the branch;
+    ``outputs``: the sub-model's outputs when not every tensor another op reads."""
     order = sorted(ops)
-    inputs, outputs = ops_boundary(graph, order)
+    inputs, read_elsewhere = ops_boundary(graph, order)
+    outputs = read_elsewhere if outputs is None else outputs
     life = {x: (0, 0) for x in inputs}
     for step, i in enumerate(order):
         op = graph.ops[i]
@@ -56,11 +58,11 @@ def scratch_bytes(graph: TfliteGraph, i: int) -> int:
     return oh * ow * kh * kw * cin * itemsize(graph.tensors[op.inputs[0]])
 
 
-def peak_bytes(graph: TfliteGraph, ops: list[int]) -> int:
+def peak_bytes(graph: TfliteGraph, ops: list[int], outputs: list[int] | None = None) -> int:
     """The largest total of live tensors and kernel scratch at any step of the branch (a linear scan over
     interval endpoints)."""
     events: list[tuple[int, int]] = []
-    for x, (a, b) in intervals(graph, ops).items():
+    for x, (a, b) in intervals(graph, ops, outputs).items():
         n = tensor_bytes(graph, x)
         events += [(a, n), (b + 1, -n)]
     for step, i in enumerate(sorted(ops)):

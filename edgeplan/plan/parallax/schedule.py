@@ -50,12 +50,13 @@ class Layer:
 @dataclass(frozen=True)
 class StagePlan:
     """What the runtime runs: op indices per sub-model (several: at once, one thread each; one: on ``threads``
-    XNNPACK threads) and each sub-model's estimated arena."""
+    XNNPACK threads), each sub-model's estimated arena and its outputs."""
 
     layer: int | None
     submodels: tuple[tuple[int, ...], ...]
     threads: int
     peak_bytes: tuple[int, ...]
+    outputs: tuple[tuple[int, ...], ...]  # tensor indices per sub-model
 
 
 @dataclass(frozen=True)
@@ -152,26 +153,56 @@ def repack(layer: Layer, task_ms: list[float], workers: int) -> Layer:
 
 def stages(graph: TfliteGraph, layers: list[Layer], workers: int) -> list[StagePlan]:
     """The layers in order as stages: each ``branches`` layer its worker sub-models (its unchosen tasks join
-    the sequential run after it), everything else one sequential run on W threads between them."""
-    out: list[StagePlan] = []
+    the sequential run after it), everything else one sequential run on W threads between them. A run of
+    data movement only (a merge: concatenation, reshape — no FLOPs) right before a branch-parallel layer is
+    folded into its workers instead, each computing the part it reads: one synchronisation and one invoke
+    fewer (a cut costs about 0.2 ms per sub-model on InceptionV3)."""
+    flops = tflite_flops(graph)
+    groups: list[tuple[int | None, list[list[int]], list[int]]] = []  # layer, ops per worker, folded run
     run: list[int] = []
-
-    def flush():
-        if run:
-            ops = tuple(sorted(run))
-            out.append(StagePlan(None, (ops,), workers, (peak_bytes(graph, list(ops)),)))
-            run.clear()
-
     for layer in layers:
         if layer.mode != "branches":
             run.extend(v for t in layer.tasks for v in t)
             continue
-        flush()
-        subs = tuple(tuple(sorted(v for i in b for v in layer.tasks[i])) for b in layer.bins)
-        out.append(StagePlan(layer.index, subs, 1, tuple(peak_bytes(graph, list(s)) for s in subs)))
+        folded: list[int] = []
+        if run and all(flops[v] == 0 for v in run):
+            folded, run = sorted(run), []
+        if run:
+            groups.append((None, [sorted(run)], []))
+            run = []
+        groups.append((layer.index, [sorted(v for i in b for v in layer.tasks[i]) for b in layer.bins], folded))
         run.extend(v for i, t in enumerate(layer.tasks) if i not in layer.chosen for v in t)
-    flush()
-    return out
+    if run:
+        groups.append((None, [sorted(run)], []))
+    return [_stage(graph, index, own, folded, workers) for index, own, folded in groups]
+
+
+def _stage(graph: TfliteGraph, index: int | None, own: list[list[int]], folded: list[int], workers: int
+           ) -> StagePlan:
+    """Each sub-model: its ops and the folded ops it reads (all of them for the first, which also returns
+    what later stages read of them); its outputs: what it makes that ops outside the stage or the model's
+    output read."""
+    inside = {v for ops in own for v in ops} | set(folded)
+    read_outside = {x for op in graph.ops if op.index not in inside for x in graph.activations(op)} | set(graph.outputs)
+    subs, outs = [], []
+    for w, ops in enumerate(own):
+        mine = set(ops) | (set(folded) if w == 0 else set())
+        subs.append(tuple(sorted(mine | _reads(graph, ops, set(folded)))))
+        outs.append(tuple(sorted({o for i in mine for o in graph.ops[i].outputs} & read_outside)))
+    return StagePlan(index, tuple(subs), workers if len(own) == 1 else 1,
+                     tuple(peak_bytes(graph, list(s), list(o)) for s, o in zip(subs, outs)), tuple(outs))
+
+
+def _reads(graph: TfliteGraph, ops: list[int], pool: set[int]) -> set[int]:
+    """The ops of ``pool`` that ``ops`` read from, directly or through each other."""
+    found: set[int] = set()
+    stack = [x for i in ops for x in graph.activations(graph.ops[i])]
+    while stack:
+        p = graph.producer.get(stack.pop())
+        if p is not None and p in pool and p not in found:
+            found.add(p)
+            stack += graph.activations(graph.ops[p])
+    return found
 
 
 def plan(graph: TfliteGraph, layers: list[Layer], *, workers: int, budget_bytes: int) -> ParallaxPlan:
