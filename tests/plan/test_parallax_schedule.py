@@ -156,8 +156,10 @@ def test_confirm_keeps_a_layer_only_when_the_whole_model_ran_faster_with_it(comp
     assert [t["layer"] for t in info["trials"]] == sorted((layer.index for layer in layers if layer.mode == "branches"),
                                                          key=lambda i: -i)  # the largest gain first
     kept = {t["layer"] for t in info["trials"] if t["with_ms"] < t["without_ms"]}
+    if info["final"] is not None and not info["final"]["plan_ms"] < info["final"]["whole_ms"]:
+        kept = set()  # together they were no faster than the whole model: none kept
     assert {layer.index for layer in final if layer.mode == "branches"} == kept
-    assert all("end to end" in layer.why for layer in final if layer.mode == "threads" and layer.task_ms == ())
+    assert all("end to end" in layer.why for layer in final if layer.mode == "threads")
     plan = schedule.plan(g, final, workers=2, budget_bytes=1 << 30)
     x = _inputs(g, live)
     ref = invoke_named(litert.interpreter(g.data, deterministic=False), x)
