@@ -34,7 +34,9 @@ Keys (ratios and errors are fractions):
 - peak_estimate_error_max: over every sub-model of every plan with a measured arena >= 0.5 MB,
   |estimated - measured| / measured.
 - table7: nodes, layers, parallel layers, max branches — pre (ONNX), post (int8 TFLite, the emulated Edge TPU
-  regions contracted), cpu (int8 TFLite as the runtime runs it) and parallax (cpu refined into tasks). [Table 7]
+  regions contracted), pruned (only the regions delegate pruning keeps: Appendix B's inequality with the
+  EMULATED Edge TPU's fitted overhead and efficiency and the CPU's measured MAC rate, 1 thread; the paper's
+  relaxed constants beside), cpu (int8 TFLite as the runtime runs it) and parallax (cpu refined). [Table 7]
 - all_branches: InceptionV3 with every candidate layer forced branch-parallel (what the plan does when confirm
   keeps none is the whole model): the latency, arena and RSS ratios above for it.
 - identical: 1 if every configuration of every model and suffix gives the int8 model's bits.
@@ -222,13 +224,15 @@ def memory(spec: dict, configs: list[str], rounds: int, requests: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- tables
-def structure_rows(d: Path, graph) -> dict:
+def structure_rows(d: Path, graph, cpu_macs_per_s: float) -> dict:
     import onnx
 
     from edgeplan.compile import edgetpu_ops
     from edgeplan.compile.emulated import place_ops
     from edgeplan.graph.branches import from_onnx, from_tflite, refine, structure, tflite_flops
     from edgeplan.graph.model import GraphView
+    from edgeplan.plan.parallax.prune import prune, region_map
+    from edgeplan.profile import tpu_model
 
     def row(s, nodes: int) -> dict:
         return {"nodes": nodes, "layers": len(s.layers), "parallel_layers": s.parallel_layers,
@@ -242,11 +246,21 @@ def structure_rows(d: Path, graph) -> dict:
         else:
             run += 1
     post = structure(from_tflite(graph, regions))
+    tpu = tpu_model.for_host("desktop")  # EMULATED overhead and efficiency (the class coral-usb-emulated's host)
+    pruned, bounds = prune(graph, overhead_ms=tpu.overhead_ms, acc_macs_per_s=tpu.peak_macs_per_s * tpu.efficiency,
+                           link_bytes_per_s=tpu.link_bytes_per_s, cpu_macs_per_s=cpu_macs_per_s)
+    kept = structure(from_tflite(graph, region_map(pruned)))
     cpu = structure(from_tflite(graph))
     tasks = refine(cpu, tflite_flops(graph))
     return {"pre": row(pre, len(from_onnx(GraphView(onnx.load(str(d / "model.onnx"),
                                                                load_external_data=False))).names)),
             "post": row(post, len(graph.ops) - len(regions) + len(set(regions.values()))),
+            "pruned": {**row(kept, len(graph.ops) - len(region_map(pruned)) + sum(1 for r in pruned if r.keep)),
+                       "regions": len(pruned), "kept": sum(1 for r in pruned if r.keep),
+                       "relaxed_kept": sum(1 for r in pruned if r.relaxed_keep),
+                       "cpu_macs_per_s": cpu_macs_per_s, "bound_l_r_acc_macs": bounds.l_r_acc,
+                       "bound_l_r_cpu_macs": bounds.l_r_cpu,
+                       "why": [r.why for r in pruned]},
             "cpu": row(cpu, len(graph.ops)),
             "parallax": {"nodes": len(graph.ops), "layers": len(tasks),
                          "parallel_layers": sum(1 for t in tasks if len(t) > 1),
@@ -360,7 +374,7 @@ def main() -> int:
         graph = TfliteGraph((d / "model_int8.tflite").read_bytes())
         out = args.work / "runs" / MODELS[name]
         res = bench_graph(graph, name, out, args, with_memory=True)
-        res["table7"] = structure_rows(d, graph)
+        res["table7"] = structure_rows(d, graph, sum(graph.op_macs) / (res["latency"]["whole-1t"]["ms"] / 1e3))
         if name == "InceptionV3" and not args.quick:
             res["suffixes"] = {}
             for path in middle_suffixes(d):
