@@ -13,6 +13,8 @@
     edgeplan fleet                                check and list the fleet registry
     edgeplan plan swapless --deployment NAME      SwapLess points and cores for a deployment -> plans/swapless.json
     edgeplan plan flashmem --deployment NAME      FlashMem overlap plans streaming weights -> plans/flashmem.json
+    edgeplan units ARTIFACT_DIR                   the layers a multi-device mapping keeps together (fused units)
+    edgeplan split ARTIFACT_DIR --mapping M ...   one model over several devices: stages, tables, rankfile (AutoDiCE)
 """
 from __future__ import annotations
 
@@ -613,8 +615,9 @@ def parser() -> argparse.ArgumentParser:
     pf.add_argument("--m-peak-mb", type=float, help="M_peak in MB (default: flashmem.m_peak_bytes, else "
                     "flashmem.m_peak_ram_share of the class's RAM less SwapLess's preloads)")
     pf.set_defaults(func=cmd_plan_flashmem)
-    from edgeplan import cli_run, cli_store
+    from edgeplan import cli_multidevice, cli_run, cli_store
 
+    cli_multidevice.register(sub)
     cli_store.register(sub)
     cli_run.register(sub)
     return p

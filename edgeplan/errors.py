@@ -80,3 +80,7 @@ class BundleVerificationError(EdgeplanError):
 class PublishConflictError(EdgeplanError):
     """What is being published contradicts what the store holds (another model under the same name and
     version, a revision written meanwhile by someone else)."""
+
+
+class SpecError(EdgeplanError):
+    """A platform or mapping specification (multi-device) that does not fit the model or the fleet."""

@@ -8,9 +8,11 @@
           ram_bytes: 8589934592
           accelerator: {kind: edgetpu-usb-emulated, onchip_param_bytes: 8388608,
                         link_bytes_per_s: 500000000, calibration_host: desktop}
+          # multi-device (AutoDiCE), all optional: arch (default cpu), net_bytes_per_s, power_w {idle, active}
+          # (modelled energy), cpu_quota (an emulated host's cgroup share of a core)
       devices:
         - {id: edge-0001, device_class: coral-usb-emulated, deployment: mobilenetv2-solo,
-           work_pool: coral-usb-emulated, work_queue: default}
+           work_pool: coral-usb-emulated, work_queue: default}   # host: where MPI reaches it (default: its id)
 
 Every mistake is reported with its place in the file (``fleet.devices[2].device_class: ...``).
 """
@@ -52,6 +54,12 @@ class DeviceClass:
     # The speed probe's time (ms) per thread count on this class at its reference speed: measured CPU
     # times are scaled by reference / the run's probe. None: raw times.
     cpu_probe_ms: dict[int, float] | None = None
+    # Multi-device (AutoDiCE): the CPU's architecture, the network link, power (modelled energy) and, for an
+    # emulated host, its cgroup's share of a core.
+    arch: str = "cpu"
+    net_bytes_per_s: float | None = None
+    power_w: dict[str, float] | None = None
+    cpu_quota: float | None = None
 
     @property
     def threads(self) -> tuple[int, ...]:
@@ -66,6 +74,7 @@ class Device:
     deployment: str | None
     work_pool: str
     work_queue: str = "default"
+    host: str | None = None  # hostname or address MPI reaches it at (multi-device); None: its id
 
 
 @dataclass(frozen=True)
@@ -132,7 +141,8 @@ def _accelerator(d, where: str) -> Accelerator:
 def _device_class(name: str, d, where: str) -> DeviceClass:
     if not isinstance(d, dict):
         raise RegistryError(f"{where}: expected a mapping")
-    _unknown(d, {"cpu", "cores", "ram_bytes", "accelerator", "cpu_probe_ms"}, where)
+    _unknown(d, {"cpu", "cores", "ram_bytes", "accelerator", "cpu_probe_ms", "arch", "net_bytes_per_s", "power_w",
+                 "cpu_quota"}, where)
     cpu = _get(d, "cpu", where, str)
     if cpu not in CPU_SOURCES:
         raise RegistryError(f"{where}.cpu: {cpu!r} is not one of {', '.join(CPU_SOURCES)}")
@@ -149,8 +159,17 @@ def _device_class(name: str, d, where: str) -> DeviceClass:
             raise RegistryError(f"{where}.cpu_probe_ms: expected thread count -> milliseconds, got {probe!r}") from None
         if any(v <= 0 for v in probe.values()):
             raise RegistryError(f"{where}.cpu_probe_ms: times must be positive")
+    power = _get(d, "power_w", where, dict, required=False)
+    if power is not None:
+        _unknown(power, {"idle", "active"}, f"{where}.power_w")
+        power = {k: _get(power, k, f"{where}.power_w", float) for k in ("idle", "active")}
+    for k in ("net_bytes_per_s", "cpu_quota"):
+        if d.get(k) is not None and _get(d, k, where, float) <= 0:
+            raise RegistryError(f"{where}.{k}: must be positive")
     return DeviceClass(name, cpu, cores, _get(d, "ram_bytes", where, int),
-                       _accelerator(d.get("accelerator", {"kind": "none"}), f"{where}.accelerator"), probe)
+                       _accelerator(d.get("accelerator", {"kind": "none"}), f"{where}.accelerator"), probe,
+                       _get(d, "arch", where, str, False, "cpu"), _get(d, "net_bytes_per_s", where, float, False),
+                       power, _get(d, "cpu_quota", where, float, False))
 
 
 def load(params: dict, deployments: set[str] | None = None) -> Fleet:
@@ -175,9 +194,10 @@ def load(params: dict, deployments: set[str] | None = None) -> Fleet:
         w = f"{where}.devices[{i}]"
         if not isinstance(d, dict):
             raise RegistryError(f"{w}: expected a mapping")
-        _unknown(d, {"id", "device_class", "deployment", "work_pool", "work_queue"}, w)
+        _unknown(d, {"id", "device_class", "deployment", "work_pool", "work_queue", "host"}, w)
         dev = Device(_get(d, "id", w, str), _get(d, "device_class", w, str), _get(d, "deployment", w, str, False),
-                     _get(d, "work_pool", w, str), _get(d, "work_queue", w, str, False, "default"))
+                     _get(d, "work_pool", w, str), _get(d, "work_queue", w, str, False, "default"),
+                     _get(d, "host", w, str, False))
         if dev.id in seen:
             raise RegistryError(f"{w}.id: {dev.id!r} appears twice")
         seen.add(dev.id)

@@ -68,26 +68,15 @@ def match_candidates(
     min_cosine: float = 0.5,
     macs_rtol: float = 1e-3,
 ) -> list[Match]:
-    float_vals = tensor_values(onnx_model, [c.tensor for c in candidates], xs)
-    produced = [t for t in tflite.tensors if t.index in tflite.producer and not t.constant]
-    int8_vals = tflite_values(tflite.data, xs, [t.index for t in produced])
-    prefix_macs = {t.index: tflite.prefix_macs(t.index) for t in produced}
+    score = _scorer(onnx_model, [c.tensor for c in candidates], tflite, xs, macs_rtol)
     matches: list[Match] = []
     for c in candidates:
-        target = _nhwc(c.shape)
-        ref = litert.nchw_to_nhwc(float_vals[c.tensor]) if len(c.shape) == 4 else float_vals[c.tensor]
-        pool = [
-            t for t in produced
-            if t.shape == target
-            and abs(prefix_macs[t.index] - c.prefix_macs) <= macs_rtol * max(1, c.prefix_macs)
-            and t.index in int8_vals
-        ]
-        if not pool:
+        best = score(c.tensor, c.shape, c.prefix_macs)
+        if best is None:
             matches.append(Match(c, None, 0.0, f"fused away by the converter: no int8 tensor of shape "
-                                               f"{list(target)} after {c.prefix_macs} MACs"))
+                                               f"{list(_nhwc(c.shape))} after {c.prefix_macs} MACs"))
             continue
-        scored = sorted(((cosine(int8_vals[t.index], ref), t.index) for t in pool), reverse=True)
-        cos, ix = scored[0]
+        cos, ix = best
         if cos < min_cosine:
             matches.append(Match(c, None, cos, f"fused away by the converter: the closest int8 tensor "
                                                f"({tflite.tensors[ix].name!r}) has cosine {cos:.3f} < {min_cosine}"))
@@ -103,6 +92,47 @@ def match_candidates(
             continue
         matches.append(Match(c, ix, cos))
     return _resolve(matches, tflite)
+
+
+def _scorer(onnx_model: onnx.ModelProto, tensors: list[str], tflite: TfliteGraph, xs: np.ndarray, macs_rtol: float):
+    """``score(tensor, shape, prefix_macs) -> (cosine, int8 index) | None``: the int8 tensor of the same (NHWC)
+    shape after the same MACs whose dequantized values follow ``tensor``'s float values most closely."""
+    float_vals = tensor_values(onnx_model, tensors, xs)
+    produced = [t for t in tflite.tensors if t.index in tflite.producer and not t.constant]
+    int8_vals = tflite_values(tflite.data, xs, [t.index for t in produced])
+    prefix_macs = {t.index: tflite.prefix_macs(t.index) for t in produced}
+
+    def score(tensor: str, shape: tuple[int, ...], macs: int) -> tuple[float, int] | None:
+        target = _nhwc(shape)
+        ref = litert.nchw_to_nhwc(float_vals[tensor]) if len(shape) == 4 else float_vals[tensor]
+        pool = [t.index for t in produced if t.shape == target and t.index in int8_vals
+                and abs(prefix_macs[t.index] - macs) <= macs_rtol * max(1, macs)]
+        return max(((cosine(int8_vals[ix], ref), ix) for ix in pool), default=None)
+
+    return score
+
+
+def match_tensors(onnx_model: onnx.ModelProto, tflite: TfliteGraph, xs: np.ndarray, *, min_cosine: float = 0.5,
+                  macs_rtol: float = 1e-3) -> dict[str, int]:
+    """Every node output of the ONNX model that survives conversion -> the int8 tensor holding it (the same
+    rules as for candidates, cut or not; the model's input and output always match). A tensor left out was
+    fused into the op that makes a later one; where several compete for one int8 tensor the closest wins."""
+    from edgeplan.graph.model import GraphView
+
+    view = GraphView(onnx_model)
+    ends = {view.input.name: tflite.inputs[0], view.output.name: tflite.outputs[0]}
+    inner = [t for t in view.producer if t not in ends and t in view.shapes]
+    macs = view.node_macs
+    score = _scorer(onnx_model, inner, tflite, xs, macs_rtol)
+    best: dict[int, tuple[float, str]] = {}
+    for t in inner:
+        a = view.ancestors[view.producer[t]]
+        found = score(t, view.shape(t), sum(m for i, m in enumerate(macs) if (a >> i) & 1))
+        if found is not None and found[0] >= min_cosine and found[1] not in ends.values():
+            cos, ix = found
+            if ix not in best or cos > best[ix][0]:
+                best[ix] = (cos, t)
+    return {**{t: ix for ix, (_, t) in best.items()}, **ends}
 
 
 def _resolve(matches: list[Match], tflite: TfliteGraph) -> list[Match]:

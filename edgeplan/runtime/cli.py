@@ -1,4 +1,4 @@
-"""``edgeplan-runtime``: the device side. pull / rollback / status / serve / loadgen / fifo / profile.
+"""``edgeplan-runtime``: the device side. pull / rollback / status / serve / loadgen / fifo / profile / mpi run.
 Standard library, numpy, ai-edge-litert and cryptography only (boto3 for s3:// stores)."""
 from __future__ import annotations
 
@@ -247,6 +247,26 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def cmd_mpi_run(args) -> int:
+    from edgeplan.distributed import launch
+
+    extra = ["--window", str(args.window)]
+    if args.inputs:
+        extra += ["--inputs", str(Path(args.inputs).resolve())]
+    if args.out:
+        extra += ["--out", str(Path(args.out).resolve())]
+    r = launch.run(Path(args.dir), frames=args.frames, timeout_s=args.timeout, deadline_s=args.deadline, extra=extra)
+    s = r.summary
+    print(f"{s['frames']} frames in {s['wall_s']:.3f} s: {s['fps']:.2f} frames/s over {len(s['ranks'])} ranks "
+          f"(mpirun {r.seconds:.1f} s in all)")
+    for k in s["ranks"]:
+        print(f"  rank {k['rank']} on {k['host']}: stages {k['stages']}, busy {k['busy_s']:.3f} s, waiting "
+              f"{k['wait_s']:.3f} s, CPU {k['cpu_s']:.3f} s ({k['cpu_s'] / k['wall_s']:.2f} of a core)")
+    if args.summary:
+        Path(args.summary).write_text(json.dumps(s, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="edgeplan-runtime", description="The edgeplan device runtime: pull signed "
                                  "deployment revisions, verify and activate them, serve them over local HTTP with "
@@ -336,6 +356,22 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--warm", action="store_true", help="keep the page cache (figures are then warm)")
     sp.add_argument("--out", help="write every request and the resident-set timeline as JSON")
     sp.set_defaults(func=cmd_fifo)
+    sp = sub.add_parser("mpi", help="multi-device: run a split's MPI ranks from the head device")
+    msub = sp.add_subparsers(dest="mpi_cmd", required=True)
+    mp = msub.add_parser("run", help="start every rank of a split (mpirun with its rankfile) and run frames",
+                         description="Runs mpirun with the split's hostfile and rankfile (TCP, no tree spawn, OOB "
+                         "keepalive, ranks under python -m mpi4py) under a hard deadline; frames enter and leave at "
+                         "rank 0. On any failure every process of the job is killed and the error names the rank, "
+                         "host, stage and frame. Needs the mpi extra on every host and the split at the same path.")
+    mp.add_argument("dir", help="the split directory (tables.json, rankfile, hostfile, int8/)")
+    mp.add_argument("--frames", type=int, default=10, help="frames to run (default 10)")
+    mp.add_argument("--inputs", help="an .npy of int8 input frames (default: seeded random)")
+    mp.add_argument("--out", help="write the outputs here (.npy)")
+    mp.add_argument("--summary", help="write every rank's times here (JSON)")
+    mp.add_argument("--timeout", type=float, default=300.0, help="hard deadline for the whole job, s (default 300)")
+    mp.add_argument("--deadline", type=float, default=30.0, help="how long a rank waits for one buffer, s (default 30)")
+    mp.add_argument("--window", type=int, default=4, help="frames of sends in flight per rank (default 4)")
+    mp.set_defaults(func=cmd_mpi_run)
     sp = sub.add_parser("profile", help="run a fleet profiling job on this device and upload the result",
                         description="Reads the job (s3://.../jobs/<id>/job.json or a local path to it), times the "
                         "active revision's suffixes on this CPU with the profiler, compares with the profiles the "

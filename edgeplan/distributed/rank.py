@@ -1,0 +1,270 @@
+"""One MPI rank of a multi-device split (AutoDiCE §III-D, Fig. 2's code blocks): numpy, ai-edge-litert and
+mpi4py only (the ``mpi`` extra).
+
+    mpirun ... python -m mpi4py -m edgeplan.distributed.rank SPLIT_DIR --frames 100
+
+Each rank loads its stages (``tables.json``: files under ``int8/``, sha256 checked; tensor names, shapes and
+dtypes checked against the interpreters) into LiteRT with one thread per slot, and all ranks compare the
+sha256 of ``tables.json`` first: a rank on another revision stops the job before any frame. Per frame a rank
+posts an Irecv for every buffer it receives, runs its stages in order as their inputs arrive and Isends what
+others read; a frame's sends may still be in flight while the next frame runs (frames pipeline across ranks,
+at most ``--window`` frames of sends outstanding). Waiting is Test + sleep with a deadline per buffer (a spinning
+Waitall starves a neighbour on a shared core). Rank 0, the head, feeds the frames (``--inputs`` .npy, else
+seeded random int8) and collects the output; it prints one ``EDGEPLAN-MPI-SUMMARY {json}`` line with every
+rank's times. Any failure prints one ``EDGEPLAN-RANK-ERROR {json}`` line naming rank, host, stage and frame,
+then aborts the job.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ERROR = "EDGEPLAN-RANK-ERROR"
+SUMMARY = "EDGEPLAN-MPI-SUMMARY"
+_STAGE_FILE = re.compile(r"^int8/s\d{1,6}\.tflite$")
+_DTYPES = {"INT8": np.int8, "UINT8": np.uint8, "INT16": np.int16, "INT32": np.int32, "FLOAT32": np.float32}
+
+
+class RankError(Exception):
+    pass
+
+
+# ------------------------------------------------------------------------------------------------ tables
+def load_tables(d: Path, size: int) -> tuple[dict, str]:
+    """tables.json, validated as untrusted input (it names files and sizes); returns it and its sha256."""
+    raw = (d / "tables.json").read_bytes()
+    try:
+        t = json.loads(raw)
+        ranks, stages, buffers = t["ranks"], t["stages"], t["buffers"]
+        if len(ranks) != size:
+            raise RankError(f"tables.json has {len(ranks)} ranks, the job {size}: launch with its rankfile")
+        for k, s in enumerate(stages):
+            if s["index"] != k or not 0 <= s["rank"] < size or not _STAGE_FILE.match(s["int8"]):
+                raise RankError(f"tables.json stage {k}: bad index, rank or file {s.get('int8')!r}")
+            if not (isinstance(s["int8_sha256"], str) and len(s["int8_sha256"]) == 64):
+                raise RankError(f"tables.json stage {k}: no sha256")
+        for name, b in buffers.items():
+            if not (0 <= b["sender"] < size and all(0 <= r < size for r in b["receivers"])
+                    and b["dtype"] in _DTYPES and all(isinstance(x, int) and 0 < x < 1 << 31 for x in b["shape"])
+                    and isinstance(b["tag"], int) and 0 <= b["tag"] < 32767):
+                raise RankError(f"tables.json buffer {name!r}: bad sender, receivers, dtype, shape or tag")
+        for side in ("input", "output"):
+            if t[side]["dtype"] not in _DTYPES or not all(isinstance(x, int) and x > 0 for x in t[side]["shape"]):
+                raise RankError(f"tables.json {side}: bad dtype or shape")
+    except (KeyError, TypeError, ValueError) as e:
+        raise RankError(f"tables.json is malformed ({type(e).__name__}: {e})") from None
+    return t, hashlib.sha256(raw).hexdigest()
+
+
+def _array(spec: dict) -> np.ndarray:
+    return np.empty(spec["shape"], _DTYPES[spec["dtype"]])
+
+
+class _Stage:
+    def __init__(self, d: Path, s: dict, threads: int, tables: dict):
+        from ai_edge_litert.interpreter import Interpreter
+
+        data = (d / s["int8"]).read_bytes()
+        if hashlib.sha256(data).hexdigest() != s["int8_sha256"]:
+            raise RankError(f"{s['int8']}: sha256 differs from tables.json")
+        self.index = s["index"]
+        self.it = Interpreter(model_content=data, num_threads=threads)
+        self.it.allocate_tensors()
+        self.inputs = {x["name"]: x["index"] for x in self.it.get_input_details()}
+        self.outputs = {x["name"]: x["index"] for x in self.it.get_output_details()}
+        if sorted(self.inputs) != sorted(s["inputs"]) or sorted(self.outputs) != sorted(s["outputs"]):
+            raise RankError(f"{s['int8']}: its tensors are not those tables.json names")
+        known = {**tables["buffers"], tables["input"]["name"]: tables["input"]}
+        for x in self.it.get_input_details() + self.it.get_output_details():
+            spec = known.get(x["name"])
+            if spec is not None and (list(x["shape"]) != spec["shape"] or x["dtype"] != _DTYPES[spec["dtype"]]):
+                raise RankError(f"{s['int8']}: tensor {x['name']!r} is {list(x['shape'])} {x['dtype'].__name__}, "
+                                f"tables.json says {spec['shape']} {spec['dtype']}")
+
+    def run(self, live: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for name, ix in self.inputs.items():
+            self.it.set_tensor(ix, live[name])
+        self.it.invoke()
+        return {name: self.it.get_tensor(ix).copy() for name, ix in self.outputs.items()}
+
+
+# ------------------------------------------------------------------------------------------------ running
+class Rank:
+    def __init__(self, comm, d: Path, deadline_s: float, sleep_s: float = 2e-4, fault: str | None = None):
+        self.comm, self.d, self.fault = comm, d, fault
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.host = socket.gethostname()
+        self.deadline_s, self.sleep_s = deadline_s, sleep_s
+        self.where = {"stage": None, "frame": None}
+        self.tables, self.revision = load_tables(d, self.size)
+        revisions = comm.allgather(self.revision)
+        if len(set(revisions)) > 1:
+            others = [r for r, v in enumerate(revisions) if v != self.revision]
+            raise RankError(f"ranks {others} run another revision of the split (tables.json sha256 "
+                            f"{revisions[others[0]][:12]} vs {self.revision[:12]} here): refusing mixed revisions")
+        me = self.tables["ranks"][self.rank]
+        self.stages = [_Stage(d, s, max(1, len(me["slots"])), self.tables)
+                       for s in self.tables["stages"] if s["rank"] == self.rank]
+        self.recv = {n: b for n, b in self.tables["buffers"].items() if self.rank in b["receivers"]}
+        self.send = {n: b for n, b in self.tables["buffers"].items() if b["sender"] == self.rank}
+        self.busy_s = self.wait_s = 0.0
+
+    def _wait(self, req, what: str, peer: int) -> None:
+        from mpi4py import MPI
+
+        t0 = time.perf_counter()
+        end = t0 + self.deadline_s
+        try:
+            while not req.Test():
+                if time.perf_counter() > end:
+                    raise RankError(f"waited {self.deadline_s:g} s for {what}")
+                time.sleep(self.sleep_s)
+        except MPI.Exception as e:
+            raise RankError(f"lost rank {peer} ({self.tables['ranks'][peer]['host']}) while waiting for {what}: "
+                            f"{e.Get_error_string().strip()}") from None
+        self.wait_s += time.perf_counter() - t0
+
+    def frame(self, f: int, x: np.ndarray | None, pending: list) -> np.ndarray | None:
+        from mpi4py import MPI
+
+        self.where["frame"] = f
+        reqs = {}
+        for name, b in self.recv.items():
+            buf = _array(b)
+            reqs[name] = (self.comm.Irecv([buf, MPI.BYTE], source=b["sender"], tag=b["tag"]), buf, b["sender"])
+        live: dict[str, np.ndarray] = {}
+
+        def publish(values: dict[str, np.ndarray]) -> None:
+            live.update(values)
+            for name, v in values.items():
+                for dst in self.send.get(name, {}).get("receivers", []):
+                    pending.append((f, self.comm.Isend([v, MPI.BYTE], dest=dst, tag=self.send[name]["tag"]), v, dst))
+
+        if x is not None:
+            publish({self.tables["input"]["name"]: x})
+        for st in self.stages:
+            self.where["stage"] = st.index
+            for name in st.inputs:
+                if name not in live:
+                    req, buf, src = reqs.pop(name)
+                    self._wait(req, f"buffer {name!r} from rank {src}", src)
+                    live[name] = buf
+            if st is self.stages[0]:
+                _fault(self.fault, self.rank, f)
+            t0 = time.perf_counter()
+            out = st.run(live)
+            self.busy_s += time.perf_counter() - t0
+            publish(out)
+        self.where["stage"] = None
+        result = None
+        if self.rank == self.tables["head"]:
+            name = self.tables["output"]["name"]
+            if name not in live:
+                req, buf, src = reqs.pop(name)
+                self._wait(req, f"the output {name!r} from rank {src}", src)
+                live[name] = buf
+            result = live[name]
+        for name, (req, buf, src) in reqs.items():  # buffers this rank receives but no stage of it read
+            self._wait(req, f"buffer {name!r} from rank {src}", src)
+        return result
+
+    def drain(self, pending: list, keep_frames_after: int) -> None:
+        while pending and pending[0][0] <= keep_frames_after:
+            f, req, _, dst = pending.pop(0)
+            self._wait(req, f"rank {dst} to receive frame {f}'s data", dst)
+
+
+def _inputs(tables: dict, path: str | None, frames: int, seed: int) -> np.ndarray:
+    spec = tables["input"]
+    dt = _DTYPES[spec["dtype"]]
+    if path:
+        xs = np.load(path, allow_pickle=False)
+        if xs.dtype != dt or list(xs.shape[1:]) != spec["shape"]:
+            raise RankError(f"{path}: expected frames of {spec['shape']} {spec['dtype']}, got {list(xs.shape)} {xs.dtype}")
+        return xs
+    info = np.iinfo(dt)
+    return np.random.default_rng(seed).integers(info.min, info.max, (frames, *spec["shape"]), endpoint=True).astype(dt)
+
+
+def _fault(spec: str | None, rank: int, frame: int) -> None:
+    """``--fault RANK:FRAME:raise|exit|kill|hang``: make one rank fail on purpose at a frame (how a deployment
+    fails is tested with it): raise an exception, exit without a word, be killed (SIGKILL), or stop answering."""
+    if not spec:
+        return
+    r, f, kind = spec.split(":")
+    if int(r) == rank and int(f) == frame:
+        import os
+        import signal
+
+        if kind == "exit":
+            os._exit(3)
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "hang":
+            time.sleep(3600)
+        raise RankError(f"fault injected (--fault {spec})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from mpi4py import MPI
+
+    p = argparse.ArgumentParser(prog="edgeplan.distributed.rank", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("split_dir", help="a split (tables.json, int8/), the same on every host")
+    p.add_argument("--frames", type=int, default=10, help="frames to run (default 10)")
+    p.add_argument("--inputs", help="head: an .npy of int8 frames (default: seeded random)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="head: write the outputs here (.npy)")
+    p.add_argument("--deadline", type=float, default=30.0, help="seconds a rank waits for one buffer (default 30)")
+    p.add_argument("--window", type=int, default=4, help="frames of sends in flight per rank (default 4)")
+    p.add_argument("--fault", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    comm.Set_errhandler(MPI.ERRORS_RETURN)  # a lost peer raises here (and is named), not aborts inside MPI
+    me: Rank | None = None
+    try:
+        me = Rank(comm, Path(args.split_dir), args.deadline, fault=args.fault)
+        head = me.rank == me.tables["head"]
+        xs = _inputs(me.tables, args.inputs, args.frames, args.seed) if head else None
+        frames = int(comm.bcast(len(xs) if head else None, root=me.tables["head"]))
+        comm.Barrier()
+        t0 = time.perf_counter()
+        c0 = time.process_time()
+        outs, pending = [], []
+        for f in range(frames):
+            y = me.frame(f, xs[f] if head else None, pending)
+            if head:
+                outs.append(y)
+            me.drain(pending, f - args.window)
+        me.drain(pending, frames)
+        wall = time.perf_counter() - t0
+        stats = {"rank": me.rank, "host": me.host, "wall_s": wall, "busy_s": me.busy_s, "wait_s": me.wait_s,
+                 "cpu_s": time.process_time() - c0, "stages": [s.index for s in me.stages]}
+        every = comm.gather(stats, root=me.tables["head"])
+        if head:
+            if args.out:
+                np.save(args.out, np.stack(outs))
+            summary = {"frames": frames, "wall_s": wall, "fps": frames / wall if wall else None,
+                       "revision": me.revision, "ranks": every}
+            print(f"{SUMMARY} {json.dumps(summary)}", flush=True)
+        return 0
+    except Exception as e:  # noqa: BLE001 - every failure is reported in one line, then the job is aborted
+        where = dict(me.where) if me is not None else {"stage": None, "frame": None}
+        rank = comm.Get_rank()
+        print(f"{ERROR} " + json.dumps({"rank": rank, "host": socket.gethostname(), **where,
+                                        "error": f"{type(e).__name__}: {e}" if not isinstance(e, RankError) else str(e)}),
+              file=sys.stderr, flush=True)
+        comm.Abort(1)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""The multi-device (AutoDiCE) front end on an artifact directory: its units and a verified split."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from edgeplan.errors import ArtifactError, SpecError
+from edgeplan.plan.multidevice import spec, units
+
+
+def _inputs(root: Path) -> tuple[onnx.ModelProto, object, np.ndarray]:
+    from edgeplan.graph.model import GraphView
+    from edgeplan.quantize.tflite_graph import TfliteGraph
+
+    for f in ("model.onnx", "model_int8.tflite"):
+        if not (root / f).is_file():
+            raise ArtifactError(f"{root / f}: missing; run `edgeplan compile` (or `edgeplan build {root}`) first")
+    model = onnx.load(str(root / "model.onnx"))
+    return model, TfliteGraph((root / "model_int8.tflite").read_bytes()), GraphView(model)
+
+
+def find_units(root: Path, params: dict) -> units.Units:
+    from edgeplan.quantize.calibration import CalibrationSpec, sample_inputs
+
+    model, graph, view = _inputs(root)
+    cal = CalibrationSpec.from_params(params["quantize"]["calibration"])
+    xs = sample_inputs(cal, view.shape(view.input.name), 2, seed=cal.seed + 1)
+    return units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"])
+
+
+def platform_for(params: dict, platform_path: str | None, deployment: str | None) -> spec.Platform:
+    """The platform spec from a file, else the registry's devices of ``deployment`` (in registry order)."""
+    if platform_path:
+        return spec.load_platform(Path(platform_path))
+    if not deployment:
+        raise SpecError("give --platform FILE or --deployment NAME (its devices in the fleet registry)")
+    from edgeplan.profile import fleet as fleet_mod
+
+    fleet = fleet_mod.load(params)
+    ids = [d.id for d in fleet.devices if d.deployment == deployment]
+    if not ids:
+        raise SpecError(f"no device of the fleet registry serves deployment {deployment!r} (fleet.devices[].deployment)")
+    return spec.from_fleet(fleet, ids)
+
+
+def split(root: Path, params: dict, mapping_path: Path, platform: spec.Platform, out: Path) -> dict:
+    from edgeplan.quantize.calibration import CalibrationSpec, sample_inputs
+    from edgeplan.surgery import multidevice
+
+    us = find_units(root, params)
+    mapping = spec.load_mapping(mapping_path, platform, us)
+    _, _, view = _inputs(root)
+    cal = CalibrationSpec.from_params(params["quantize"]["calibration"])
+    xs = sample_inputs(cal, view.shape(view.input.name), 2, seed=cal.seed + 2)
+    return multidevice.split(root, us, mapping, platform, out, xs=xs, seed=cal.seed)

@@ -1,0 +1,288 @@
+"""Split one model over several devices (AutoDiCE §III-C, Fig. 2): a mapping puts units on keys (one MPI rank
+each); each rank's units become *stages*, one model per stage, in float ONNX and in int8 TFLite, with the
+communication tables, the rankfile and the hostfile.
+
+A rank waiting for remote data between its layers (Fig. 2's rank 0: MaxPool1, then Add1 once Buff2 and Buff3
+arrive) runs several stages. Stages are made walking the units in dependency order: a unit joins its rank's
+open stage unless it reads a remote stage made after that one opened; so every stage reads only stages made
+before it, and the creation order is an order the chain runs in — in one process for verification, or spread
+over ranks as data arrives. Frames enter and leave at rank 0 (the head): it sends the input to whoever reads
+it and receives the output.
+
+Written (``out``): ``int8/s<k>.tflite`` (cut from ``model_int8.tflite``: the int8 tensors pass between stages
+with their own quantization, so the chain gives the model's bits), ``float/s<k>.onnx`` (+ ``.weights``: node
+subsets of the float model, each weight written once), ``tables.json``, ``rankfile``, ``hostfile``,
+``platform.txt``, ``mapping.json`` and ``split.json`` (sizes, timings, verification). Nothing is written
+when verification fails.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from edgeplan.artifacts import write_json_atomic
+from edgeplan.errors import SpecError
+from edgeplan.graph.model import GraphView
+from edgeplan.plan.multidevice.spec import Mapping, Platform, mapping_doc
+from edgeplan.plan.multidevice.units import Units
+from edgeplan.quantize import litert
+from edgeplan.quantize.stream import cut_ops, ops_boundary
+from edgeplan.quantize.tflite_graph import TfliteGraph, itemsize, np_dtype
+from edgeplan.runtime.stream import invoke_named
+
+HEAD = 0
+
+
+@dataclass(frozen=True)
+class Stage:
+    index: int  # creation order = an order the chain runs in
+    rank: int
+    units: tuple[int, ...]
+    ops: tuple[int, ...]  # int8 ops
+    nodes: tuple[int, ...]  # ONNX nodes
+    inputs: tuple[int, ...]  # int8 tensors
+    outputs: tuple[int, ...]
+
+
+def _unit_order(units: Units) -> list[int]:
+    """Units in dependency order (lowest index first among the ready ones)."""
+    n = len(units.units)
+    done, order = 0, []
+    while len(order) < n:
+        ready = [u for u in range(n) if not (done >> u) & 1 and units.depends[u] & ~done == 0]
+        if not ready:
+            raise SpecError("the units depend on each other in a cycle: the int8 model fuses across branches")
+        order.append(ready[0])
+        done |= 1 << ready[0]
+    return order
+
+
+def stages(graph: TfliteGraph, units: Units, mapping: Mapping) -> list[Stage]:
+    stage_of: dict[int, int] = {}
+    open_stage: dict[int, int] = {}
+    members: list[list[int]] = []
+    ranks: list[int] = []
+    for u in _unit_order(units):
+        r = mapping.unit_key[u]
+        s = open_stage.get(r)
+        producers = [p for p in range(len(units.units)) if (units.depends[u] >> p) & 1]
+        if s is None or any(mapping.unit_key[p] != r and stage_of[p] > s for p in producers):
+            s = len(members)
+            members.append([])
+            ranks.append(r)
+            open_stage[r] = s
+        stage_of[u] = s
+        members[s].append(u)
+    out = []
+    for k, us in enumerate(members):
+        ops = sorted(op for u in us for op in units.units[u].ops)
+        nodes = sorted(i for u in us for i in units.units[u].nodes)
+        ins, outs = ops_boundary(graph, ops)
+        out.append(Stage(k, ranks[k], tuple(us), tuple(ops), tuple(nodes), tuple(ins), tuple(outs)))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- float
+def float_stage(model: onnx.ModelProto, view: GraphView, nodes: tuple[int, ...], name: str) -> onnx.ModelProto:
+    """The nodes (a subset, in order) as a model: inputs the activations they read and do not make, outputs those
+    they make that another node or the model's output reads. Initializers are shared, not copied."""
+    inside = set(nodes)
+    made = {o for i in nodes for o in view.graph.node[i].output if o}
+    reads = [x for i in nodes for x in view.graph.node[i].input if x]
+    ins = list(dict.fromkeys(x for x in reads if x not in made and x not in view.initializers))
+    wanted = {view.output.name} | {x for j, n in enumerate(view.graph.node) if j not in inside for x in n.input}
+    outs = [o for i in nodes for o in view.graph.node[i].output if o in made and o in wanted]
+    inits = [view.initializers[x] for x in dict.fromkeys(reads) if x in view.initializers]
+    vi = {v.name: v for v in (*view.graph.input, *view.graph.value_info, *view.graph.output)}
+    g = helper.make_graph([view.graph.node[i] for i in nodes], name, [vi[x] for x in ins], [vi[x] for x in outs],
+                          initializer=inits)
+    m = helper.make_model(g, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+    return m
+
+
+def _save_float(m: onnx.ModelProto, path: Path) -> None:
+    onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=path.with_suffix(".weights").name, size_threshold=1024)
+
+
+def _run_float(paths: list[Path], x: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    live = dict(x)
+    for p in paths:
+        sess = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        live.update(zip(names, sess.run(None, {i.name: live[i.name] for i in sess.get_inputs()})))
+    return live
+
+
+# ------------------------------------------------------------------------------------------------- tables
+def _detail(graph: TfliteGraph, ix: int) -> dict:
+    t = graph.tensors[ix]
+    return {"shape": list(t.shape), "dtype": t.dtype, "nbytes": math.prod(t.shape) * itemsize(t),
+            "scale": list(t.scale), "zero_point": list(t.zero_point)}
+
+
+def tables(graph: TfliteGraph, view: GraphView, units: Units, mapping: Mapping, platform: Platform,
+           stage_list: list[Stage]) -> dict:
+    """Sender and receiver tables (Fig. 2's, by MPI rank) and, per buffer, what both sides need."""
+    name = {ix: graph.tensors[ix].name for ix in range(len(graph.tensors))}
+    float_of = {ix: t for t, ix in units.int8_tensor.items()}
+    made_by = {o: s.rank for s in stage_list for o in s.outputs}
+    model_in, model_out = graph.inputs[0], graph.outputs[0]
+    made_by[model_in] = HEAD
+    buffers: dict[str, dict] = {}
+    for ix in sorted({*made_by}, key=lambda i: (min([s.index for s in stage_list if i in s.outputs], default=-1), i)):
+        readers = sorted({s.rank for s in stage_list if ix in s.inputs} | ({HEAD} if ix == model_out else set()))
+        remote = [r for r in readers if r != made_by[ix]]
+        if remote:
+            buffers[name[ix]] = {"tag": len(buffers), **_detail(graph, ix), "float": float_of.get(ix),
+                                 "sender": made_by[ix], "receivers": remote}
+    sender: dict[str, dict] = {str(r): {} for r in range(len(mapping.keys))}
+    receiver: dict[str, dict] = {str(r): {} for r in range(len(mapping.keys))}
+    for b, d in buffers.items():
+        sender[str(d["sender"])][b] = [str(r) for r in d["receivers"]]
+        for r in d["receivers"]:
+            receiver[str(r)][b] = [str(d["sender"])]
+    ranks = []
+    for r, key in enumerate(mapping.keys):
+        dev = platform.device(key.device, f"mapping key {key.name!r}")
+        ranks.append({"rank": r, "key": key.name, "device": dev.name, "host": dev.host, "slots": list(key.slots),
+                      "stages": [s.index for s in stage_list if s.rank == r]})
+    return {
+        "head": HEAD,
+        "input": {"name": name[model_in], **_detail(graph, model_in), "float": view.input.name},
+        "output": {"name": name[model_out], **_detail(graph, model_out), "float": view.output.name,
+                   "rank": made_by[model_out]},
+        "ranks": ranks,
+        "stages": [{"index": s.index, "rank": s.rank, "int8": f"int8/s{s.index}.tflite",
+                    "float": f"float/s{s.index}.onnx", "inputs": [name[i] for i in s.inputs],
+                    "outputs": [name[o] for o in s.outputs],
+                    "layers": [view.graph.node[i].name for i in s.nodes]} for s in stage_list],
+        "buffers": buffers,
+        "sender": sender,
+        "receiver": receiver,
+    }
+
+
+def rankfile(mapping: Mapping, platform: Platform) -> str:
+    return "".join(f"rank {r}={platform.device(k.device, k.name).host} slot={','.join(map(str, k.slots))}\n"
+                   for r, k in enumerate(mapping.keys))
+
+
+def hostfile(mapping: Mapping, platform: Platform) -> str:
+    """One line per host: its slots are the cores of the devices it holds (several on one host when testing)."""
+    slots: dict[str, int] = {}
+    for name in dict.fromkeys(k.device for k in mapping.keys):
+        dev = platform.device(name, "hostfile")
+        slots[dev.host] = slots.get(dev.host, 0) + len(dev.slots)
+    return "".join(f"{h} slots={n}\n" for h, n in slots.items())
+
+
+# ------------------------------------------------------------------------------------------------- split
+def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: Path, *, xs: np.ndarray,
+          int8_samples: int = 2, seed: int = 0, tolerance: float = 1e-4) -> dict:
+    """Write the split of the artifact ``root`` (``model.onnx``, ``model_int8.tflite``) to ``out``, verified first
+    in a scratch directory: the float chain within ``tolerance`` x max(1, max|y|) of the model, the int8 chain
+    identical with both kernel sets. Returns split.json's content; raises SpecError (``out`` untouched) when the
+    chain does not verify."""
+    t0 = time.perf_counter()
+    model = onnx.load(str(root / "model.onnx"))
+    view = GraphView(model)
+    int8_bytes = (root / "model_int8.tflite").read_bytes()
+    graph = TfliteGraph(int8_bytes)
+    stage_list = stages(graph, units, mapping)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        (scratch / "int8").mkdir()
+        (scratch / "float").mkdir()
+        blobs = {}
+        for s in stage_list:
+            data = cut_ops(graph, list(s.ops), f"s{s.index}")
+            (scratch / "int8" / f"s{s.index}.tflite").write_bytes(data)
+            blobs[f"int8/s{s.index}.tflite"] = hashlib.sha256(data).hexdigest()
+            _save_float(float_stage(model, view, s.nodes, f"s{s.index}"), scratch / "float" / f"s{s.index}.onnx")
+        t_front = time.perf_counter() - t0
+        table = tables(graph, view, units, mapping, platform, stage_list)
+        check = verify(scratch, table, model, int8_bytes, xs, int8_samples, seed, tolerance)
+        if not check["ok"]:
+            raise SpecError(f"the split does not verify: {check['why']}; nothing written to {out}")
+        for s in table["stages"]:
+            s["int8_sha256"] = blobs[s["int8"]]
+        write_json_atomic(scratch / "tables.json", table)
+        (scratch / "rankfile").write_text(rankfile(mapping, platform))
+        (scratch / "hostfile").write_text(hostfile(mapping, platform))
+        (scratch / "platform.txt").write_text(platform.to_text())
+        write_json_atomic(scratch / "mapping.json", mapping_doc(mapping, units))
+        summary = {
+            "model": {"onnx_sha256": hashlib.sha256((root / "model.onnx").read_bytes()).hexdigest(),
+                      "int8_sha256": hashlib.sha256(int8_bytes).hexdigest()},
+            "units": len(units.units), "ranks": len(mapping.keys), "stages": len(stage_list),
+            "per_rank": [{"rank": r, "key": k.name, "stages": sum(1 for s in stage_list if s.rank == r),
+                          "int8_param_bytes": sum(graph.op_param_bytes[o] for s in stage_list if s.rank == r
+                                                  for o in s.ops),
+                          "macs": sum(graph.op_macs[o] for s in stage_list if s.rank == r for o in s.ops)}
+                         for r, k in enumerate(mapping.keys)],
+            "buffers": len(table["buffers"]),
+            "buffer_bytes": sum(b["nbytes"] for b in table["buffers"].values()),
+            "verify": check, "split_s": round(t_front, 3), "total_s": round(time.perf_counter() - t0, 3),
+        }
+        write_json_atomic(scratch / "split.json", summary)
+        scratch.chmod(0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        scratch.rename(out)
+        return summary
+    finally:
+        if scratch.exists():
+            shutil.rmtree(scratch)
+
+
+def verify(d: Path, table: dict, model: onnx.ModelProto, int8_bytes: bytes, xs: np.ndarray, samples: int,
+           seed: int, tolerance: float) -> dict:
+    """Run the stages in order in this process: float against onnxruntime on the whole model, int8 against the
+    whole int8 model (reference kernels and XNNPACK)."""
+    from edgeplan.graph.evaluate import tensor_values
+
+    f_in, f_out = table["input"]["float"], table["output"]["float"]
+    want = tensor_values(model, [f_out], xs)[f_out]
+    paths = [d / s["float"] for s in table["stages"]]
+    got = np.concatenate([_run_float(paths, {f_in: x[None].astype(np.float32)})[f_out] for x in xs])
+    diff = float(np.max(np.abs(got - want)))
+    bound = tolerance * max(1.0, float(np.max(np.abs(want))))
+    out = {"float_max_abs_diff": diff, "float_bound": bound}
+    why = [] if diff <= bound else [f"float chain differs by {diff:.3g} (> {bound:.3g})"]
+    segs = [(d / s["int8"]).read_bytes() for s in table["stages"]]
+    rng = np.random.default_rng(seed)
+    i_name = table["input"]["name"]
+    graph = TfliteGraph(int8_bytes)
+    dt = np_dtype(graph.tensors[graph.inputs[0]])
+    for kernels, deterministic in (("reference", True), ("xnnpack", False)):
+        whole = litert.interpreter(int8_bytes, deterministic=deterministic)
+        its = [litert.interpreter(s, deterministic=deterministic) for s in segs]
+        same = 0
+        for _ in range(samples):
+            x = {i_name: rng.integers(np.iinfo(dt).min, np.iinfo(dt).max, table["input"]["shape"], endpoint=True
+                                      ).astype(dt)}
+            ref = invoke_named(whole, x)
+            live = dict(x)
+            for it in its:
+                live.update(invoke_named(it, live))
+            same += all(np.array_equal(live[k], v) for k, v in ref.items())
+        out[f"int8_identical_{kernels}"] = same / samples
+        if same < samples:
+            why.append(f"int8 chain ({kernels} kernels) differs from the model on {samples - same} of {samples} inputs")
+    out["ok"] = not why
+    out["why"] = "; ".join(why)
+    return out

@@ -1,0 +1,106 @@
+"""A split's ranks as real Open MPI processes (mpirun, python -m mpi4py) on this machine's loopback: the outputs
+are the int8 model's, and every failure names its rank and leaves no process behind."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from edgeplan.distributed import launch
+from edgeplan.pipeline import multidevice as pipeline
+from edgeplan.plan.multidevice import spec
+from edgeplan.quantize import litert
+from edgeplan.runtime.cli import main as runtime_main
+from edgeplan.runtime.stream import invoke_named
+from edgeplan.surgery import multidevice
+
+PLATFORM = "dev0, cpu, slots=0, host=localhost\ndev1, cpu, slots=0-1, host=localhost\ndev2, cpu, slots=1, host=localhost\n"
+
+
+def _ranks_left() -> str:
+    out = subprocess.run(["pgrep", "-af", "edgeplan.distributed.rank|prterun|prted"], capture_output=True, text=True)
+    return "\n".join(x for x in out.stdout.splitlines() if "pgrep" not in x)
+
+
+@pytest.fixture(scope="module")
+def split(compiled, params, tmp_path_factory):
+    """tiny_cnn with unit i on rank i mod 3: 9 stages, every rank waits between its stages."""
+    d, _, _ = compiled("tiny_cnn")
+    us = pipeline.find_units(d, params)
+    p = spec.parse_text(PLATFORM, "platform")
+    keys = ["dev0_cpu", "dev1_cpu", "dev2_cpu"]
+    doc = {k: [] for k in keys}
+    for u in us.units:
+        doc[keys[u.index % 3]] += list(u.names)
+    out = tmp_path_factory.mktemp("split") / "md"
+    xs = np.random.default_rng(0).normal(size=(1, 3, 32, 32)).astype(np.float32)
+    multidevice.split(d, us, spec.parse_mapping(doc, p, us), p, out, xs=xs)
+    return d, out
+
+
+def test_ranks_give_the_int8_models_outputs(split, tmp_path):
+    d, out = split
+    t = json.loads((out / "tables.json").read_text())
+    assert len(t["stages"]) == 9
+    rng = np.random.default_rng(1)
+    xs = rng.integers(-128, 127, (16, *t["input"]["shape"]), endpoint=True).astype(np.int8)
+    np.save(tmp_path / "x.npy", xs)
+    r = launch.run(out, frames=16, timeout_s=120, extra=["--inputs", str(tmp_path / "x.npy"), "--out",
+                                                         str(tmp_path / "y.npy"), "--window", "2"])
+    assert r.summary["frames"] == 16 and len(r.summary["ranks"]) == 3
+    assert sorted(s for k in r.summary["ranks"] for s in k["stages"]) == list(range(9))
+    whole = litert.interpreter((d / "model_int8.tflite").read_bytes(), deterministic=False)
+    want = np.stack([invoke_named(whole, {t["input"]["name"]: x})[t["output"]["name"]] for x in xs])
+    assert np.array_equal(np.load(tmp_path / "y.npy"), want)
+    assert not _ranks_left()
+
+
+@pytest.mark.parametrize("fault,says", [
+    ("1:3:raise", r"^rank 1 on \S+ \(stage \d+, frame 3\): fault injected"),
+    ("2:5:kill", r"^rank 2 on localhost failed \(killed, exited or cut off\): rank [01] on \S+ \(.*frame 5\) lost it"),
+    ("0:2:exit", r"^rank 0 on localhost failed .* rank [12] on \S+ \(.*frame 2\) lost it"),
+    ("1:4:hang", r"rank [02] on \S+ \(stage \d+, frame 4\): waited 2 s for .*rank 1"),
+])
+def test_a_failing_rank_is_named_and_nothing_is_left(split, fault, says):
+    _, out = split
+    t0 = time.perf_counter()
+    with pytest.raises(launch.DistributedError, match=says):
+        launch.run(out, frames=20, timeout_s=60, deadline_s=2, extra=["--fault", fault])
+    assert time.perf_counter() - t0 < 15
+    assert not _ranks_left()
+
+
+def test_a_tampered_stage_is_refused_before_any_frame(split, tmp_path):
+    import shutil
+
+    _, out = split
+    bad = tmp_path / "md"
+    shutil.copytree(out, bad)
+    t = json.loads((bad / "tables.json").read_text())
+    victim = next(s for s in t["stages"] if s["rank"] == 2)
+    (bad / victim["int8"]).write_bytes((bad / victim["int8"]).read_bytes()[:-1] + b"\0")
+    with pytest.raises(launch.DistributedError, match=rf"rank 2 on \S+: {victim['int8']}: sha256 differs"):
+        launch.run(bad, frames=4, timeout_s=60)
+    assert not _ranks_left()
+
+
+def test_runtime_cli(split, tmp_path, capsys):
+    _, out = split
+    assert runtime_main(["mpi", "run", str(out), "--frames", "5", "--summary", str(tmp_path / "s.json")]) == 0
+    assert "5 frames in" in capsys.readouterr().out
+    assert json.loads((tmp_path / "s.json").read_text())["frames"] == 5
+    assert runtime_main(["mpi", "run", str(tmp_path), "--frames", "5"]) == 1
+    e = capsys.readouterr().err
+    assert "tables.json: missing" in e and len(e.strip().splitlines()) == 1
+
+
+def test_the_hard_deadline_kills_everything(split):
+    _, out = split
+    t0 = time.perf_counter()
+    with pytest.raises(launch.DistributedError, match="did not finish within 4 s"):
+        launch.run(out, frames=20, timeout_s=4, deadline_s=60, extra=["--fault", "1:2:hang"])
+    assert time.perf_counter() - t0 < 10
+    assert not _ranks_left()
