@@ -1,0 +1,1 @@
+"""Multi-device (AutoDiCE): specs, units, exploration."""
