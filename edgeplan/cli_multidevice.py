@@ -61,6 +61,39 @@ def cmd_split(args, params) -> int:
     return 0
 
 
+def cmd_devices(args, params) -> int:
+    from edgeplan.distributed import emulate
+    from edgeplan.pipeline.multidevice import platform_for
+
+    if args.devices_cmd == "down":
+        removed = emulate.down(args.deployment)
+        out.print(f"removed {', '.join(removed)}" if removed else f"no emulated hosts for {args.deployment!r}")
+        return 0
+    if args.devices_cmd == "status":
+        st = emulate.load(args.deployment)
+        t = table(f"Emulated hosts of {args.deployment} ({st['subnet']})", ("device", "address", "netns", "cores",
+                  "cpu quota", "link Mbit/s", "sent MB", "received MB"), right=("cores", "cpu quota", "link Mbit/s",
+                                                                                 "sent MB", "received MB"))
+        counts = emulate.link_bytes(st)
+        for h in st["hosts"]:
+            c = counts[h["device"]]
+            t.add_row(h["device"], h["address"], h["netns"], str(h["cores"]), str(h["cpu_quota"] or "-"),
+                      f"{h['net_bytes_per_s'] * 8 / 1e6:g}" if h["net_bytes_per_s"] else "unshaped",
+                      f"{c['tx'] / 1e6:.2f}", f"{c['rx'] / 1e6:.2f}")
+        out.print(t)
+        return 0
+    platform = platform_for(params, args.platform, args.deployment)
+    emulated = emulate.up(args.deployment, platform, args.subnet)
+    where = emulate.state_dir(args.deployment)
+    out.print(f"{len(emulated.devices)} hosts up on {args.subnet}: "
+              + ", ".join(f"{d.name} {d.host}" for d in emulated.devices))
+    out.print(f"their platform (hosts = emulated addresses): {where / 'platform.txt'} — split with it "
+              f"(`edgeplan split ... --platform {where / 'platform.txt'}`) and run with "
+              f"`edgeplan-runtime mpi run DIR --emulated {args.deployment}`; remove with `edgeplan devices down "
+              f"--deployment {args.deployment}`")
+    return 0
+
+
 def register(sub) -> None:
     sp = sub.add_parser("units", help="the layers of ARTIFACT_DIR's model a multi-device mapping keeps together",
                         description="Matches every ONNX tensor to the int8 model: layers the converter fused into "
@@ -84,3 +117,17 @@ def register(sub) -> None:
     sp.add_argument("--artifacts", default="artifacts", help="artifact root for --deployment (default: artifacts)")
     sp.add_argument("--out", help="output directory (replaced only once the new split verifies)")
     sp.set_defaults(func=cmd_split)
+    sp = sub.add_parser("devices", help="emulated hosts for a multi-device deployment on this machine (root)",
+                        description="up: one network + UTS namespace per device (its own hostname), a cpu cgroup "
+                        "(cpu_quota x cores), a veth to a bridge namespace shaped with tbf both ways at the device's "
+                        "net_bytes_per_s; everything made is recorded and `down` removes exactly that.")
+    dsub = sp.add_subparsers(dest="devices_cmd", required=True)
+    for verb, text in (("up", "build the hosts"), ("down", "remove everything up made"),
+                       ("status", "the hosts and the bytes each link has carried")):
+        d = dsub.add_parser(verb, help=text)
+        d.add_argument("--deployment", required=True, help="the deployment (its devices in the fleet registry, or "
+                       "--platform)")
+        if verb == "up":
+            d.add_argument("--platform", help="a platform spec instead of the registry's devices")
+            d.add_argument("--subnet", default="10.213.0.0/24", help="the hosts' private subnet (default 10.213.0.0/24)")
+        d.set_defaults(func=cmd_devices)

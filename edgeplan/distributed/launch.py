@@ -184,7 +184,14 @@ def _report(line: str, marker: str) -> dict:
 
 def _who_died(stderr: str, split_dir: Path) -> str:
     """The rank mpirun saw exit first (a rank killed or gone without a word), named with its host."""
-    hosts = {r["rank"]: r["host"] for r in json.loads((Path(split_dir) / "tables.json").read_text())["ranks"]}
+    ranks = json.loads((Path(split_dir) / "tables.json").read_text())["ranks"]
+    hosts = {r["rank"]: r["host"] for r in ranks}
+    daemon = re.search(r"Remote daemon:\s*\[[^\]]*\]\s*on node (\S+)", stderr)
+    if daemon:  # mpirun lost a host's daemon (keepalive): its link was cut or the host went away
+        node = daemon.group(1)
+        on = [str(r["rank"]) for r in ranks if node in (r["device"], r["host"])]
+        return (f"lost host {node}{' (rank ' + ', '.join(on) + ')' if on else ''}: mpirun lost its daemon "
+                "(link cut or host down)")
     patterns = (  # most telling first: the first to exit non-zero, one killed by a signal, one that aborted
         r"Process name:\s*\[[^\]]*,(\d+)\]\s*(Exit code:\s*-?\d+)",
         r"process rank (\d+) with PID \d+ on node \S+ exited on\s+(signal \d+[^\n]*)",

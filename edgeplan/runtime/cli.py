@@ -255,7 +255,13 @@ def cmd_mpi_run(args) -> int:
         extra += ["--inputs", str(Path(args.inputs).resolve())]
     if args.out:
         extra += ["--out", str(Path(args.out).resolve())]
-    r = launch.run(Path(args.dir), frames=args.frames, timeout_s=args.timeout, deadline_s=args.deadline, extra=extra)
+    mpi_args = []
+    if args.emulated:
+        from edgeplan.distributed import emulate
+
+        mpi_args = emulate.mpi_args(args.emulated)
+    r = launch.run(Path(args.dir), frames=args.frames, timeout_s=args.timeout, deadline_s=args.deadline, extra=extra,
+                   mpi_args=mpi_args)
     s = r.summary
     print(f"{s['frames']} frames in {s['wall_s']:.3f} s: {s['fps']:.2f} frames/s over {len(s['ranks'])} ranks "
           f"(mpirun {r.seconds:.1f} s in all)")
@@ -371,6 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     mp.add_argument("--timeout", type=float, default=300.0, help="hard deadline for the whole job, s (default 300)")
     mp.add_argument("--deadline", type=float, default=30.0, help="how long a rank waits for one buffer, s (default 30)")
     mp.add_argument("--window", type=int, default=4, help="frames of sends in flight per rank (default 4)")
+    mp.add_argument("--emulated", metavar="DEPLOYMENT", help="run on the emulated hosts `edgeplan devices up` made "
+                    "for DEPLOYMENT (daemons started inside each host; MPI traffic on their subnet)")
     mp.set_defaults(func=cmd_mpi_run)
     sp = sub.add_parser("profile", help="run a fleet profiling job on this device and upload the result",
                         description="Reads the job (s3://.../jobs/<id>/job.json or a local path to it), times the "

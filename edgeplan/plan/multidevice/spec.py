@@ -17,9 +17,12 @@ import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgeplan.errors import SpecError
-from edgeplan.plan.multidevice.units import Units
+
+if TYPE_CHECKING:  # the runtime reads platforms without the pipeline (onnx, onnxruntime) installed
+    from edgeplan.plan.multidevice.units import Units
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*$")  # a device: no '_' (it ends the device in a key)
 _ARCH = re.compile(r"^[A-Za-z][A-Za-z0-9]*$")
