@@ -75,3 +75,21 @@ def second_core() -> dict:
     pair = [start(), start()]
     both = [float(p.communicate()[0]) for p in pair]
     return {"value": round(statistics.median(both) / alone, 3), "alone_ms": alone, "two_at_once_ms": both}
+
+
+def compiled(work: Path, zoo: str, log, also: tuple[Path, ...] = ()) -> Path:
+    """The zoo model compiled as the CLI does it (``edgeplan compile``): reused from ``work`` or from the work
+    directories ``also`` (other benches'), else compiled into ``work``."""
+    for root in (work, *also):
+        d = root / "artifacts" / zoo / "1"
+        if (d / "verify.json").is_file():
+            return d
+    d = work / "artifacts" / zoo / "1"
+    log(f"compiling {zoo}")
+    repo = Path(__file__).resolve().parent.parent
+    res = subprocess.run([sys.executable, "-m", "edgeplan.cli", "compile", f"zoo:{zoo}", "--name", zoo, "--version",
+                          "1", "--out", str(work / "artifacts")], env={**os.environ, "PYTHONPATH": str(repo)},
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"edgeplan compile {zoo}: {res.stderr.strip().splitlines()[-1:]}")
+    return d

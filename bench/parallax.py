@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from _common import machine, publish, pyplot, second_core  # noqa: E402
+from _common import compiled, machine, publish, pyplot, second_core  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 EDGEPLAN = [sys.executable, "-m", "edgeplan.cli"]
@@ -79,19 +79,7 @@ def log(msg: str) -> None:
 
 
 def prepare(work: Path, zoo: str) -> Path:
-    """The model compiled as the CLI does it: reused from ``work`` or bench/flashmem's work directory."""
-    for root in (work, REPO / ".edgeplan" / "bench" / "flashmem"):
-        d = root / "artifacts" / zoo / "1"
-        if (d / "verify.json").is_file():
-            return d
-    d = work / "artifacts" / zoo / "1"
-    log(f"compiling {zoo}")
-    res = subprocess.run([*EDGEPLAN, "compile", f"zoo:{zoo}", "--name", zoo, "--version", "1",
-                          "--out", str(work / "artifacts")], env={**os.environ, "PYTHONPATH": str(REPO)},
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"edgeplan compile {zoo}: {res.stderr.strip().splitlines()[-1:]}")
-    return d
+    return compiled(work, zoo, log, also=(REPO / ".edgeplan" / "bench" / "flashmem",))
 
 
 def mem_available() -> int:

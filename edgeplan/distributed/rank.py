@@ -194,6 +194,13 @@ def _inputs(tables: dict, path: str | None, frames: int, seed: int) -> np.ndarra
     return np.random.default_rng(seed).integers(info.min, info.max, (frames, *spec["shape"]), endpoint=True).astype(dt)
 
 
+def _peak_rss() -> int:
+    """This rank's peak resident set (VmHWM), bytes."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _fault(spec: str | None, rank: int, frame: int) -> None:
     """``--fault RANK:FRAME:raise|exit|kill|hang``: make one rank fail on purpose at a frame (how a deployment
     fails is tested with it): raise an exception, exit without a word, be killed (SIGKILL), or stop answering."""
@@ -238,21 +245,23 @@ def main(argv: list[str] | None = None) -> int:
         comm.Barrier()
         t0 = time.perf_counter()
         c0 = time.process_time()
-        outs, pending = [], []
+        outs, pending, done = [], [], []
         for f in range(frames):
             y = me.frame(f, xs[f] if head else None, pending)
             if head:
                 outs.append(y)
+                done.append(time.perf_counter() - t0)
             me.drain(pending, f - args.window)
         me.drain(pending, frames)
         wall = time.perf_counter() - t0
         stats = {"rank": me.rank, "host": me.host, "wall_s": wall, "busy_s": me.busy_s, "wait_s": me.wait_s,
-                 "cpu_s": time.process_time() - c0, "stages": [s.index for s in me.stages]}
+                 "cpu_s": time.process_time() - c0, "stages": [s.index for s in me.stages],
+                 "peak_rss_bytes": _peak_rss()}
         every = comm.gather(stats, root=me.tables["head"])
         if head:
             if args.out:
                 np.save(args.out, np.stack(outs))
-            summary = {"frames": frames, "wall_s": wall, "fps": frames / wall if wall else None,
+            summary = {"frames": frames, "wall_s": wall, "fps": frames / wall if wall else None, "frame_done_s": done,
                        "revision": me.revision, "ranks": every}
             print(f"{SUMMARY} {json.dumps(summary)}", flush=True)
         return 0

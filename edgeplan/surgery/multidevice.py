@@ -53,7 +53,7 @@ class Stage:
     outputs: tuple[int, ...]
 
 
-def _unit_order(units: Units) -> list[int]:
+def unit_order(units: Units) -> list[int]:
     """Units in dependency order (lowest index first among the ready ones)."""
     n = len(units.units)
     done, order = 0, []
@@ -71,7 +71,7 @@ def stages(graph: TfliteGraph, units: Units, mapping: Mapping) -> list[Stage]:
     open_stage: dict[int, int] = {}
     members: list[list[int]] = []
     ranks: list[int] = []
-    for u in _unit_order(units):
+    for u in unit_order(units):
         r = mapping.unit_key[u]
         s = open_stage.get(r)
         producers = [p for p in range(len(units.units)) if (units.depends[u] >> p) & 1]

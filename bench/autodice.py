@@ -1,0 +1,322 @@
+"""AutoDiCE on emulated hosts (issue: one model over several devices): VGG-19, ResNet-101 and DenseNet-121 (Keras,
+seeded weights, int8), 8 emulated devices built here (root: namespaces, cgroups, tbf) and removed at the end.
+
+    .venv/bin/python bench/autodice.py            # full run (about 40 minutes from nothing; VGG-19's compile 8)
+
+Per model: units (the int8 model's fused layers) and a 24-key split (8 devices x 3 cores) timed as the front end
+(units + cuts + tables) and the back end (in-process verification: float chain and int8 chain); every unit
+timed alone on 1 thread; NSGA-II (pymoo, population 100 x 400 generations) over the 8-device platform; then
+Pareto points spread over the front (and the min-memory one) split, run as MPI ranks over the emulated hosts
+and measured. Every link is measured first and must be within 10 % of the platform's.
+
+Platform (EMULATED hosts, real processes): 8 devices of 1 core each with cpu_quota 0.25 (8 x 0.25 = this
+machine's 2 cores, so the devices do not contend), 1 Gbit/s links (tbf both ways). Energy is modelled
+(busy x 6 W + idle x 2 W), never measured.
+
+Keys (ratios and errors are fractions):
+- int8_identical: the smallest fraction of frames whose MPI output equals the whole int8 model's.
+- throughput_mape: over every measured point of every model, |measured - predicted| / measured; throughput
+  measured at steady state (frames after the pipeline filled, from the head's completion times).
+- throughput_speedup: 2 devices x 1 core (quota 1.0 each) vs the whole model on 1 of them, the smaller of
+  VGG-19 and ResNet-101; each rank's CPU share (CPU s / wall s of its busy time) recorded.
+- memory_ratio: max peak RSS over the ranks of the min-memory point / the single device's peak RSS (VmHWM of
+  each rank process, measured), per model; headline the largest.
+- front_end_s / back_end_s: per model, VGG-19's as headline value.
+- nsga_s: the longest exploration; failure_detect_s: a link cut mid-run to the error; orphans: processes of
+  the job left after the failure tests.
+- max_abs_diff (float sub-models as ranks) and deploy_s (publish + 8 pulls) are not built yet: null, listed
+  under ``missing``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+
+from _common import compiled, machine, publish, pyplot  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+MODELS = {"VGG-19": "vgg19_224", "ResNet-101": "resnet101_224", "DenseNet-121": "densenet121_224"}
+DEVICES, QUOTA, NET = 8, 0.25, 1.25e8
+NAME = "bench-autodice"
+
+
+def log(msg: str) -> None:
+    print(f"[autodice {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def platform_text(n: int, quota: float, slots: str = "0") -> str:
+    return "".join(f"dev{i}, cpu, slots={slots}, net={NET:g}, power=2/6, quota={quota:g}\n" for i in range(n))
+
+
+def steady_fps(summary: dict, skip: int) -> float:
+    done = summary["frame_done_s"]
+    skip = min(skip, len(done) - 2)
+    return (len(done) - 1 - skip) / (done[-1] - done[skip])
+
+
+def run_point(d: Path, us, mapping: dict, plat, out: Path, frames: int, xs: np.ndarray, want: np.ndarray,
+              emulated: str) -> dict:
+    from edgeplan.distributed import emulate, launch
+    from edgeplan.plan.multidevice import spec
+    from edgeplan.surgery import multidevice
+
+    m = spec.parse_mapping(mapping, plat, us)
+    multidevice.split(d, us, m, plat, out, xs=_float_inputs(d))
+    np.save(out / "x.npy", xs[:frames])
+    r = launch.run(out, frames=frames, timeout_s=900, deadline_s=120, mpi_args=emulate.mpi_args(emulated),
+                   extra=["--inputs", str(out / "x.npy"), "--out", str(out / "y.npy"), "--window", "4"])
+    got = np.load(out / "y.npy")
+    ranks = r.summary["ranks"]
+    return {"ranks": len(ranks), "fps": steady_fps(r.summary, len(ranks)),
+            "identical": float(np.mean([np.array_equal(a, b) for a, b in zip(got, want[:frames])])),
+            "peak_rss_bytes": [k["peak_rss_bytes"] for k in ranks],
+            "cpu_share": [k["cpu_s"] / k["wall_s"] for k in ranks],
+            "busy_s": [k["busy_s"] for k in ranks], "mpirun_s": r.seconds}
+
+
+def _float_inputs(d: Path) -> np.ndarray:
+    import onnx
+
+    from edgeplan.graph.model import GraphView
+
+    view = GraphView(onnx.load(str(d / "model.onnx"), load_external_data=False))
+    return np.random.default_rng(0).normal(size=(2, *view.shape(view.input.name)[1:])).astype(np.float32)
+
+
+def check_links(state: dict) -> dict:
+    from edgeplan.distributed import emulate
+
+    rates = {}
+    hosts = [h["device"] for h in state["hosts"]]
+    for i, a in enumerate(hosts):
+        b = hosts[(i + 1) % len(hosts)]
+        rate = emulate.measure_link(state, a, b, 50_000_000)
+        rates[f"{a}->{b}"] = rate
+        if not 0.9 * NET <= rate <= 1.1 * NET:
+            raise RuntimeError(f"link {a}->{b} measured {rate * 8 / 1e6:.0f} Mbit/s, not within 10% of "
+                               f"{NET * 8 / 1e6:.0f}: figures would be invalid")
+    return rates
+
+
+def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: int, generations: int) -> dict:
+    from edgeplan.pipeline.multidevice import find_units
+    from edgeplan.plan.multidevice import costs, explore, spec
+    from edgeplan.quantize import litert
+    from edgeplan.quantize.tflite_graph import TfliteGraph
+    from edgeplan.runtime.stream import invoke_named
+    from edgeplan.surgery import multidevice
+
+    d = compiled(work, zoo, log, also=(REPO / ".edgeplan" / "bench" / "flashmem",
+                                      REPO / ".edgeplan" / "bench" / "parallax"))
+    graph = TfliteGraph((d / "model_int8.tflite").read_bytes())
+    res: dict = {"zoo": zoo}
+    # front end and back end: units, then a 24-key split (8 devices x 3 cores) and its verification
+    t0 = time.perf_counter()
+    us = find_units(d, params)
+    t_units = time.perf_counter() - t0
+    order = multidevice.unit_order(us)
+    p24 = spec.parse_text("".join(f"dev{i}, cpu, slots=0-2, host=10.0.0.{i + 2}\n" for i in range(DEVICES)), "p24")
+    keys = [f"dev{i}_cpu{c}" for i in range(DEVICES) for c in range(3)]
+    doc = {k: [] for k in keys}
+    for pos, u in enumerate(order):
+        doc[keys[min(len(keys) - 1, pos * len(keys) // len(order))]] += list(us.units[u].names)
+    doc = {k: v for k, v in doc.items() if v}
+    summary = multidevice.split(d, us, spec.parse_mapping(doc, p24, us), p24, work / "runs" / zoo / "split24",
+                                xs=_float_inputs(d))
+    res["units"] = len(us.units)
+    res["front_end_s"] = t_units + summary["split_s"]
+    res["back_end_s"] = summary["total_s"] - summary["split_s"]
+    res["split24"] = {"ranks": summary["ranks"], "stages": summary["stages"], "verify": summary["verify"],
+                      "units_s": t_units, "split_s": summary["split_s"]}
+    log(f"{name}: {len(us.units)} units; front end {res['front_end_s']:.1f} s, back end {res['back_end_s']:.1f} s")
+    # unit times and exploration
+    t0 = time.perf_counter()
+    c = costs.measure(graph, us, order, cores=1)
+    res["profile_s"] = time.perf_counter() - t0
+    front, stats = explore.explore(c, us, plat8, generations=generations)
+    res["nsga"] = stats
+    log(f"{name}: NSGA-II {stats['seconds']:.1f} s, {len(front)} Pareto points")
+    # points spread over the front, the min-memory one included
+    picks = sorted({round(q * (len(front) - 1)) for q in np.linspace(0, 1, 5)}
+                   | {int(np.argmin([p.memory_bytes for p in front]))})
+    single = explore.single_device(c, us, plat8)
+    whole = litert.interpreter(graph.data, deterministic=False)
+    rng = np.random.default_rng(3)
+    t = graph.tensors[graph.inputs[0]]
+    xs = rng.integers(-128, 127, (frames, *t.shape), endpoint=True).astype(np.int8)
+    want = np.stack([invoke_named(whole, {t.name: x})[graph.tensors[graph.outputs[0]].name] for x in xs])
+    res["points"] = []
+    for k, pick in enumerate([*picks, "single"]):
+        p = single if pick == "single" else front[pick]
+        m = run_point(d, us, p.mapping, plat8, work / "runs" / zoo / f"p{k}", frames, xs, want, NAME)
+        row = {"point": pick, "predicted_fps": 1 / p.period_s, "predicted_memory_bytes": p.memory_bytes,
+               "energy_j_modelled": p.energy_j, "keys": list(p.mapping), **m}
+        row["error"] = abs(m["fps"] - row["predicted_fps"]) / m["fps"]
+        res["points"].append(row)
+        log(f"{name} point {pick}: {len(p.mapping)} devices, predicted {row['predicted_fps']:.2f} fps, measured "
+            f"{m['fps']:.2f}, identical {m['identical']:.2f}")
+    minmem = res["points"][picks.index(int(np.argmin([p.memory_bytes for p in front])))]
+    one = res["points"][-1]
+    res["memory_ratio"] = max(minmem["peak_rss_bytes"]) / max(one["peak_rss_bytes"])
+    res["costs"] = c.to_json()
+    return res
+
+
+def speedup(name: str, zoo: str, work: Path, params: dict, frames: int) -> dict:
+    """2 devices x 1 core (quota 1.0) vs 1 device: the balanced 2-device point of the exploration."""
+    from edgeplan.distributed import emulate
+    from edgeplan.pipeline.multidevice import find_units
+    from edgeplan.plan.multidevice import costs, explore, spec
+    from edgeplan.quantize import litert
+    from edgeplan.quantize.tflite_graph import TfliteGraph
+    from edgeplan.runtime.stream import invoke_named
+    from edgeplan.surgery import multidevice
+
+    d = compiled(work, zoo, log)
+    graph = TfliteGraph((d / "model_int8.tflite").read_bytes())
+    us = find_units(d, params)
+    order = multidevice.unit_order(us)
+    emulate.down(NAME + "-2")
+    plat = emulate.up(NAME + "-2", spec.parse_text(platform_text(2, 1.0), "p2"), subnet="10.215.0.0/24")
+    try:
+        c = costs.measure(graph, us, order, cores=1)
+        front, _ = explore.explore(c, us, plat, generations=100)
+        best = min((p for p in front if len(p.mapping) == 2), key=lambda p: p.period_s)
+        single = explore.single_device(c, us, plat)
+        whole = litert.interpreter(graph.data, deterministic=False)
+        t = graph.tensors[graph.inputs[0]]
+        xs = np.random.default_rng(4).integers(-128, 127, (frames, *t.shape), endpoint=True).astype(np.int8)
+        want = np.stack([invoke_named(whole, {t.name: x})[graph.tensors[graph.outputs[0]].name] for x in xs])
+        two = run_point(d, us, best.mapping, plat, work / "runs" / zoo / "two", frames, xs, want, NAME + "-2")
+        one = run_point(d, us, single.mapping, plat, work / "runs" / zoo / "one", frames, xs, want, NAME + "-2")
+        share = max(two["cpu_share"])  # the bottleneck rank wants a whole core all the time: did it get it?
+        return {"value": two["fps"] / one["fps"], "two": two, "one": one, "predicted": single.period_s / best.period_s,
+                "bottleneck_cpu_share": share, "valid": share >= 0.9}
+    finally:
+        emulate.down(NAME + "-2")
+
+
+def failures(out: Path) -> dict:
+    """A rank killed and a link cut mid-run on the emulated hosts: time to the error, processes left."""
+    from edgeplan.distributed import emulate, launch
+
+    st = emulate.load(NAME)
+    rows = {}
+
+    def left() -> int:
+        r = subprocess.run(["pgrep", "-f", "edgeplan.distributed.rank|prted"], capture_output=True, text=True)
+        return len(r.stdout.split())
+
+    cut_at: list[float] = []
+
+    def cut():
+        time.sleep(8.0)
+        cut_at.append(time.perf_counter())
+        subprocess.run(["ip", "-n", st["bridge"], "link", "set", "b1", "down"], check=True)
+
+    th = threading.Thread(target=cut)
+    th.start()
+    try:
+        launch.run(out, frames=100_000, timeout_s=120, deadline_s=3, mpi_args=emulate.mpi_args(NAME))
+        rows["link_cut"] = {"error": None}
+    except launch.DistributedError as e:
+        rows["link_cut"] = {"detect_s": time.perf_counter() - cut_at[0], "error": str(e), "orphans": left()}
+    finally:
+        th.join()
+        subprocess.run(["ip", "-n", st["bridge"], "link", "set", "b1", "up"], check=True)
+    t0 = time.perf_counter()
+    try:
+        launch.run(out, frames=40, timeout_s=120, deadline_s=3, mpi_args=emulate.mpi_args(NAME),
+                   extra=["--fault", "1:10:kill"])
+        rows["rank_killed"] = {"error": None}
+    except launch.DistributedError as e:
+        rows["rank_killed"] = {"job_s": time.perf_counter() - t0, "error": str(e), "orphans": left()}
+    return rows
+
+
+def plot(result: dict, path: Path) -> None:
+    plt = pyplot()
+    models = [m for m in result["models"] if "points" in result["models"][m]]
+    fig, axes = plt.subplots(1, max(1, len(models)), figsize=(5 * max(1, len(models)), 4.2), squeeze=False)
+    for ax, name in zip(axes[0], models):
+        pts = [p for p in result["models"][name]["points"] if p["point"] != "single"]
+        ax.scatter([p["predicted_memory_bytes"] / 1e6 for p in pts], [p["predicted_fps"] for p in pts],
+                   label="predicted", marker="o")
+        ax.scatter([max(p["peak_rss_bytes"]) / 1e6 for p in pts], [p["fps"] for p in pts], label="measured (RSS)",
+                   marker="x")
+        ax.set_xlabel("max memory per device, MB")
+        ax.set_ylabel("frames/s")
+        ax.set_title(f"{name}: Pareto points, 8 EMULATED hosts")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, default=REPO / ".edgeplan" / "bench" / "autodice")
+    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated, of " + ", ".join(MODELS))
+    ap.add_argument("--frames", type=int, default=24)
+    ap.add_argument("--generations", type=int, default=400)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        ap.error("the emulated hosts need root")
+    from edgeplan.distributed import emulate
+    from edgeplan.pipeline import params as params_mod
+    from edgeplan.plan.multidevice import spec
+
+    params = params_mod.load(str(REPO / "params.yaml"))
+    wanted = [m for m in args.models.split(",") if m]
+    result: dict = {"machine": machine(), "emulated": "hosts (namespaces, cgroups, tbf links); energy modelled",
+                    "platform": platform_text(DEVICES, QUOTA), "frames": args.frames, "models": {},
+                    "missing": ["max_abs_diff: float sub-models as MPI ranks not built yet",
+                                "deploy_s: per-rank packages in the signed bundle not built yet"]}
+    emulate.down(NAME)
+    plat8 = emulate.up(NAME, spec.parse_text(platform_text(DEVICES, QUOTA), "platform"))
+    try:
+        result["links_bytes_per_s"] = check_links(emulate.load(NAME))
+        for name in wanted:
+            result["models"][name] = bench_model(name, MODELS[name], args.work, params, plat8, args.frames,
+                                                 args.generations)
+        first = next(iter(result["models"].values()))
+        result["failures"] = failures(args.work / "runs" / first["zoo"] / "p0")
+    finally:
+        emulate.down(NAME)
+    result["speedup"] = {n: speedup(n, MODELS[n], args.work, params, args.frames)
+                         for n in ("VGG-19", "ResNet-101") if n in wanted}
+    ms = result["models"]
+    errs = [p["error"] for m in ms.values() for p in m["points"] if p["point"] != "single"]
+    result["int8_identical"] = min(p["identical"] for m in ms.values() for p in m["points"])
+    result["throughput_mape"] = {"value": float(np.mean(errs)), "points": len(errs)}
+    result["throughput_speedup"] = {"value": min(s["value"] for s in result["speedup"].values()) if result["speedup"]
+                                    else None, "per_model": {k: s["value"] for k, s in result["speedup"].items()}}
+    result["memory_ratio"] = {"value": max(m["memory_ratio"] for m in ms.values()),
+                              "per_model": {k: m["memory_ratio"] for k, m in ms.items()}}
+    head = ms.get("VGG-19") or first
+    result["front_end_s"] = {"value": head["front_end_s"], "per_model": {k: m["front_end_s"] for k, m in ms.items()}}
+    result["back_end_s"] = {"value": head["back_end_s"], "per_model": {k: m["back_end_s"] for k, m in ms.items()}}
+    result["nsga_s"] = {"value": max(m["nsga"]["seconds"] for m in ms.values())}
+    f = result["failures"]
+    result["failure_detect_s"] = {"value": f["link_cut"].get("detect_s"), "rank_killed_job_s": f["rank_killed"].get("job_s")}
+    result["orphans"] = sum(x.get("orphans", 0) for x in f.values())
+    result["max_abs_diff"] = None
+    result["deploy_s"] = None
+    publish("autodice", result, plot, ("int8_identical", "throughput_mape", "throughput_speedup", "memory_ratio",
+                                       "front_end_s", "back_end_s", "nsga_s", "failure_detect_s", "orphans"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""What AutoDiCE's exploration predicts from: each unit's measured time (1 core and all cores), its int8 weight
+and activation bytes, and the int8 tensors between units (who makes them, who reads them).
+
+Units are taken in dependency order; a mapping of the exploration cuts that order into consecutive segments,
+one per device, so a tensor crosses from the segment that makes it to every later segment that reads it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgeplan.plan.multidevice.units import Units
+from edgeplan.quantize import litert
+from edgeplan.quantize.stream import cut_ops
+from edgeplan.quantize.tflite_graph import TfliteGraph, itemsize
+
+
+@dataclass(frozen=True)
+class Costs:
+    order: tuple[int, ...]  # unit indices in dependency order (positions 0..U-1)
+    ms: np.ndarray  # (U, 2): per position, ms on 1 core and on all cores (measured, this machine)
+    param_bytes: np.ndarray  # (U,) int8 weights
+    act_bytes: np.ndarray  # (U,) the unit's inputs + outputs (what its arena holds at least)
+    tensors: tuple[tuple[int, tuple[int, ...], int], ...]  # (producer position, consumer positions, bytes)
+    input_bytes: int
+    output_bytes: int
+    cores: int  # "all cores" above
+
+    def to_json(self) -> dict:
+        return {"order": list(self.order), "ms": self.ms.tolist(), "param_bytes": self.param_bytes.tolist(),
+                "act_bytes": self.act_bytes.tolist(), "tensors": [[p, list(c), b] for p, c, b in self.tensors],
+                "input_bytes": self.input_bytes, "output_bytes": self.output_bytes, "cores": self.cores}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Costs:
+        return cls(tuple(d["order"]), np.asarray(d["ms"], float), np.asarray(d["param_bytes"], np.int64),
+                   np.asarray(d["act_bytes"], np.int64), tuple((p, tuple(c), b) for p, c, b in d["tensors"]),
+                   d["input_bytes"], d["output_bytes"], d["cores"])
+
+
+def _nbytes(graph: TfliteGraph, ix: int) -> int:
+    t = graph.tensors[ix]
+    return int(np.prod(t.shape)) * itemsize(t)
+
+
+def _time(data: bytes, threads: int, repeats: int) -> float:
+    it = litert.interpreter(data, deterministic=False, threads=threads)
+    for d in it.get_input_details():
+        it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
+    it.invoke()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        it.invoke()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts)) * 1e3
+
+
+def measure(graph: TfliteGraph, units: Units, order: list[int], cores: int, repeats: int = 5,
+            progress=lambda done, total: None) -> Costs:
+    """Time every unit as its own int8 sub-model on 1 thread and on ``cores`` threads (interleaved, medians), less
+    a trivial invoke's cost (each measured invoke pays it once; a stage of many units pays it once too)."""
+    pos = {u: k for k, u in enumerate(order)}
+    ms = np.zeros((len(order), 2))
+    for k, u in enumerate(order):
+        data = cut_ops(graph, list(units.units[u].ops), f"u{u}")
+        ms[k] = [_time(data, 1, repeats), _time(data, cores, repeats)]
+        progress(k + 1, len(order))
+    # the cost of an invoke that does almost nothing: the cheapest unit's floor, at most 50 us
+    trivial = min(float(ms.min()), 0.05)
+    ms = np.maximum(ms - trivial, 0.0)
+    params = np.array([sum(graph.op_param_bytes[o] for o in units.units[u].ops) for u in order], np.int64)
+    tensors, act = [], np.zeros(len(order), np.int64)
+    producer_unit = {}
+    for u in order:
+        for o in units.units[u].outputs:
+            producer_unit[o] = u
+    for k, u in enumerate(order):
+        for x in (*units.units[u].inputs, *units.units[u].outputs):
+            if x in units.int8_tensor:
+                act[k] += _nbytes(graph, units.int8_tensor[x])
+    readers: dict[str, list[int]] = {}
+    for u in order:
+        for x in units.units[u].inputs:
+            if x in producer_unit:
+                readers.setdefault(x, []).append(pos[u])
+    for x, rs in readers.items():
+        tensors.append((pos[producer_unit[x]], tuple(sorted(set(rs))), _nbytes(graph, units.int8_tensor[x])))
+    return Costs(tuple(order), ms, params, act, tuple(tensors), _nbytes(graph, graph.inputs[0]),
+                 _nbytes(graph, graph.outputs[0]), cores)

@@ -1,0 +1,153 @@
+"""AutoDiCE's design-space exploration (§IV): NSGA-II (pymoo) over vertical mappings of a model onto a platform.
+
+Genome: D − 1 cuts over the units in dependency order (sorted; equal cuts leave a device out) and, per device's
+segment, one resource: 1 core or all its cores. Objectives, all minimised:
+
+- **period**: the pipelined frame period, the slowest device's max(compute, bytes out / its link, bytes in /
+  its link) — compute from the measured unit times (÷ its cpu_quota), bytes from the int8 tensors crossing
+  segments (each sent once per reading segment; frames enter and leave at the first segment's device);
+  throughput is its inverse;
+- **memory**: the largest device's int8 weights + the activations its units touch (predicted; runs measure RSS);
+- **energy** per frame, the largest device's: busy × P_active + (period − busy) × P_idle — *modelled*, from the
+  platform's ``power_w``, never measured.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from edgeplan.plan.multidevice.costs import Costs
+from edgeplan.plan.multidevice.spec import Platform
+
+DEFAULT_POWER = {"idle": 2.0, "active": 6.0}  # W, a Raspberry-Pi-class board, when the platform names none
+
+
+@dataclass(frozen=True)
+class Point:
+    cuts: tuple[int, ...]  # D - 1 positions, sorted
+    resources: tuple[int, ...]  # per device: 0 one core, 1 all cores
+    period_s: float
+    memory_bytes: int
+    energy_j: float  # modelled
+    mapping: dict  # the mapping spec: {key: [layer, ...]} over the non-empty segments
+
+    @property
+    def throughput(self) -> float:
+        return 1.0 / self.period_s
+
+
+_EDGES: dict[int, tuple] = {}
+
+
+def _edges(costs: Costs) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(producer position per tensor, tensor of each (tensor, reader) pair, reader position, bytes per tensor)."""
+    key = id(costs)
+    if key not in _EDGES:
+        prod = np.array([p for p, _, _ in costs.tensors], int)
+        tid = np.array([k for k, (_, rs, _) in enumerate(costs.tensors) for _ in rs], int)
+        reader = np.array([q for _, rs, _ in costs.tensors for q in rs], int)
+        nbytes = np.array([b for _, _, b in costs.tensors], np.int64)
+        _EDGES[key] = (costs, prod, tid, reader, nbytes)
+    return _EDGES[key][1:]
+
+
+def evaluate(costs: Costs, platform: Platform, cuts, resources) -> tuple[float, int, float, list[int]]:
+    """(period s, memory bytes, energy J, segment of each position)."""
+    devs = platform.devices
+    d = len(devs)
+    cuts = np.sort(np.asarray(cuts, int))
+    u = len(costs.order)
+    seg = np.searchsorted(cuts, np.arange(u), side="right")  # position -> device index
+    busy = np.zeros(d)
+    mem = np.zeros(d)
+    for k in range(d):
+        mask = seg == k
+        if not mask.any():
+            continue
+        r = int(resources[k]) if len(devs[k].slots) > 1 else 0
+        quota = devs[k].cpu_quota or 1.0
+        busy[k] = costs.ms[mask, r].sum() / 1e3 / quota  # the cgroup gives quota x the cores it uses
+        mem[k] = costs.param_bytes[mask].sum() + costs.act_bytes[mask].max()
+    prod, tid, reader, nbytes = _edges(costs)
+    src = seg[prod]  # per tensor, the device making it
+    dst = seg[reader]  # per (tensor, reader), the device reading it
+    cross = dst != src[tid]
+    pairs = np.unique(tid[cross] * d + dst[cross])  # each tensor sent once to each device reading it
+    t, r = pairs // d, pairs % d
+    tx = np.bincount(src[t], weights=nbytes[t], minlength=d).astype(float)
+    rx = np.bincount(r, weights=nbytes[t], minlength=d).astype(float)
+    head, last = int(seg[0]), int(seg[-1])
+    if head != last:
+        tx[last] += costs.output_bytes
+        rx[head] += costs.output_bytes
+    net = np.array([x.net_bytes_per_s or np.inf for x in devs])
+    period = float(np.max(np.maximum(busy, np.maximum(tx / net, rx / net))))
+    power = [x.power_w or DEFAULT_POWER for x in devs]
+    used = np.bincount(seg, minlength=d) > 0
+    energy = max(busy[k] * power[k]["active"] + (period - busy[k]) * power[k]["idle"] for k in range(d) if used[k])
+    return period, int(mem.max()), float(energy), seg.tolist()
+
+
+def mapping_of(costs: Costs, units, platform: Platform, seg: list[int], resources) -> dict:
+    doc: dict[str, list[str]] = {}
+    for k, dev in enumerate(platform.devices):
+        names = [n for pos, s in enumerate(seg) if s == k for n in units.units[costs.order[pos]].names]
+        if not names:
+            continue
+        allc = int(resources[k]) == 1 or len(dev.slots) == 1
+        doc[f"{dev.name}_{dev.arch}" if allc else f"{dev.name}_{dev.arch}{dev.slots[0]}"] = names
+    return doc
+
+
+def explore(costs: Costs, units, platform: Platform, *, population: int = 100, generations: int = 400,
+            mutation: float = 0.1, crossover: float = 0.5, seed: int = 0) -> tuple[list[Point], dict]:
+    """The Pareto front (distinct mappings, fastest first) and the run's statistics."""
+    from pymoo.algorithms.moo.nsga2 import NSGA2
+    from pymoo.core.problem import ElementwiseProblem
+    from pymoo.operators.crossover.sbx import SBX
+    from pymoo.operators.mutation.pm import PM
+    from pymoo.operators.repair.rounding import RoundingRepair
+    from pymoo.operators.sampling.rnd import IntegerRandomSampling
+    from pymoo.optimize import minimize
+
+    d, u = len(platform.devices), len(costs.order)
+
+    class Mapping(ElementwiseProblem):
+        def __init__(self):
+            super().__init__(n_var=d - 1 + d, n_obj=3, xl=np.zeros(2 * d - 1), xu=np.array([u] * (d - 1) + [1] * d),
+                             vtype=int)
+
+        def _evaluate(self, x, out, *args, **kwargs):
+            period, mem, energy, _ = evaluate(costs, platform, x[: d - 1], x[d - 1:])
+            out["F"] = [period, mem, energy]
+
+    algo = NSGA2(pop_size=population, sampling=IntegerRandomSampling(),
+                 crossover=SBX(prob=crossover, eta=15, vtype=float, repair=RoundingRepair()),
+                 mutation=PM(prob=mutation, eta=20, vtype=float, repair=RoundingRepair()),
+                 eliminate_duplicates=True)
+    t0 = time.perf_counter()
+    res = minimize(Mapping(), algo, ("n_gen", generations), seed=seed, verbose=False)
+    seconds = time.perf_counter() - t0
+    points: dict[tuple, Point] = {}
+    for x in np.atleast_2d(res.X):
+        cuts = tuple(int(c) for c in np.sort(x[: d - 1]))
+        period, mem, energy, seg = evaluate(costs, platform, cuts, x[d - 1:])
+        res_k = tuple(int(r) if len(platform.devices[k].slots) > 1 else 0 for k, r in enumerate(x[d - 1:]))
+        doc = mapping_of(costs, units, platform, seg, res_k)
+        key = (round(period, 9), mem, round(energy, 9))  # devices alike: one mapping per objective vector
+        if key not in points:
+            points[key] = Point(cuts, res_k, period, mem, energy, doc)
+    front = sorted(points.values(), key=lambda p: p.period_s)
+    return front, {"seconds": seconds, "evaluations": int(res.algorithm.evaluator.n_eval), "population": population,
+                   "generations": generations, "mutation": mutation, "crossover": crossover}
+
+
+def single_device(costs: Costs, units, platform: Platform, device: int = 0, all_cores: bool = False) -> Point:
+    """Every unit on one device (the baseline a split is compared with)."""
+    d = len(platform.devices)
+    cuts = [len(costs.order) if k >= device else 0 for k in range(d - 1)]
+    res = [1 if all_cores else 0] * d
+    period, mem, energy, seg = evaluate(costs, platform, cuts, res)
+    return Point(tuple(cuts), tuple(res), period, mem, energy, mapping_of(costs, units, platform, seg, res))
