@@ -232,7 +232,8 @@ def failures(out: Path) -> dict:
         launch.run(out, frames=100_000, timeout_s=120, deadline_s=3, mpi_args=emulate.mpi_args(NAME))
         rows["link_cut"] = {"error": None}
     except launch.DistributedError as e:
-        rows["link_cut"] = {"detect_s": time.perf_counter() - cut_at[0], "error": str(e), "orphans": left()}
+        detect = time.perf_counter() - cut_at[0] if cut_at else None  # None: it failed before the cut
+        rows["link_cut"] = {"detect_s": detect, "error": str(e), "orphans": left()}
     finally:
         th.join()
         subprocess.run(["ip", "-n", st["bridge"], "link", "set", "b1", "up"], check=True)

@@ -31,7 +31,8 @@ from edgeplan.plan.multidevice.spec import Platform
 
 STATE = Path(os.environ.get("EDGEPLAN_DEVICES_STATE", "/run/edgeplan/devices"))
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
-PERIOD_US = 100_000
+PERIOD_US = 10_000  # CFS period: a quota enforced over 10 ms behaves like a slower core; over the default 100 ms
+# a device runs at full speed, then stops for most of the period, and a pipeline of such devices stalls
 
 
 class EmulationError(EdgeplanError):
@@ -63,7 +64,9 @@ def _record(d: Path, state: dict) -> None:
 
 def _tbf(ns: str, dev: str, bytes_per_s: float) -> None:
     bits = int(bytes_per_s * 8)
-    burst = max(32_000, int(bytes_per_s / 100))  # 10 ms of traffic: enough for the kernel's timer at 1 Gbit/s
+    # 10 ms of traffic (the kernel's timer at 1 Gbit/s), and never below two 64 KiB GSO packets: a packet larger
+    # than the bucket is dropped, and TCP's retransmission timeout then costs 10-20 % of a short transfer
+    burst = max(131_072, int(bytes_per_s / 100))
     _sh("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{bits}bit",
         "burst", str(burst), "latency", "100ms")
 

@@ -5,7 +5,8 @@ ranks (``btl tcp,self``), no tree spawn (a tree of ssh daemons orphans processes
 keepalive (2 s idle, 1 s apart, 3 probes: a cut link ends the job in seconds instead of hanging it), every
 rank under ``python -m mpi4py`` (an uncaught exception aborts the job instead of hanging it), ULFM on (a rank
 that dies is named by the survivors that lose it). Under a hard
-deadline: past it, or on any failure, the whole process group is killed. The error names the rank, host,
+deadline: past it, or 3 s after a rank reports a failure (mpirun hangs when a rank aborts while a host is cut
+off), the whole process group is killed. The error names the rank, host,
 stage and frame a rank reported (``EDGEPLAN-RANK-ERROR``), else mpirun's own last words. Success means
 mpirun exited 0 *and* the head reported every frame (mpirun 5 once exited 0 after losing a daemon).
 """
@@ -18,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from edgeplan.errors import EdgeplanError
 
 ERROR = "EDGEPLAN-RANK-ERROR"
 SUMMARY = "EDGEPLAN-MPI-SUMMARY"
+GRACE_S = 3.0  # after a rank reports a failure, how long mpirun gets to end the job before it is killed
 
 
 class DistributedError(EdgeplanError):
@@ -150,29 +153,64 @@ def run(split_dir: Path, *, frames: int, timeout_s: float, deadline_s: float = 3
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(),
                             start_new_session=True)
+    out: list[str] = []
+    err: list[str] = []
+    readers = [threading.Thread(target=lambda f, into: into.extend(f), args=(proc.stdout, out), daemon=True),
+               threading.Thread(target=lambda f, into: into.extend(f), args=(proc.stderr, err), daemon=True)]
+    for r in readers:
+        r.start()
+    failed_at = None
     try:
-        stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise DistributedError(f"the job did not finish within {timeout_s:g} s: killed all its processes") from None
+        while proc.poll() is None:
+            now = time.perf_counter()
+            if now - t0 > timeout_s:
+                raise DistributedError(f"the job did not finish within {timeout_s:g} s: killed all its processes")
+            if failed_at is None and any(ERROR in line or "lost communication with a remote daemon" in line
+                                         for line in list(err)):
+                failed_at = now
+            if failed_at is not None and now - failed_at > GRACE_S:
+                break  # a rank failed and the job is not ending: mpirun hangs on an abort during a partition
+            time.sleep(0.05)
     finally:  # nothing outlives the job on this host, whatever happened (a rank mpirun lost track of included)
         _kill_group(proc)
         _kill_new_descendants(before)
+        for r in readers:
+            r.join(timeout=5)
     seconds = time.perf_counter() - t0
+    stdout, stderr = "".join(out), "".join(err)
     errors = [_report(line, ERROR) for line in stderr.splitlines() if ERROR in line]  # mpirun may prefix a NUL
     if errors:
         # a rank's own failure first; else every report is of a lost peer: the first names who died
         e = next((x for x in errors if not x["error"].startswith("lost rank")), errors[0])
         at = ", ".join(f"{k} {e[k]}" for k in ("stage", "frame") if e.get(k) is not None)
+        where = f"rank {e['rank']} on {e['host']}{' (' + at + ')' if at else ''}"
         lost = re.match(r"lost rank (\d+) \((\S+)\)", e["error"])
         if lost:  # ULFM told a survivor which process failed
             raise DistributedError(f"rank {lost.group(1)} on {lost.group(2)} failed (killed, exited or cut off): "
-                                   f"rank {e['rank']} on {e['host']}{' (' + at + ')' if at else ''} lost it: {e['error']}")
-        raise DistributedError(f"rank {e['rank']} on {e['host']}{' (' + at + ')' if at else ''}: {e['error']}")
+                                   f"{where} lost it: {e['error']}")
+        waits = {x["rank"]: int(m.group(1)) for x in errors
+                 if (m := re.match(r"waited \S+ s for .* from rank (\d+)$", x["error"]))}
+        if e["rank"] in waits:  # a survivor's deadline passed: follow who waited on whom to one that said nothing
+            k, seen = waits[e["rank"]], {e["rank"]}
+            while k in waits and k not in seen:
+                seen.add(k)
+                e = next(x for x in errors if x["rank"] == k)
+                k = waits[k]
+            at = ", ".join(f"{f} {e[f]}" for f in ("stage", "frame") if e.get(f) is not None)
+            where = f"rank {e['rank']} on {e['host']}{' (' + at + ')' if at else ''}"
+            host = next((r["host"] for r in _ranks(split_dir) if r["rank"] == k), "?")
+            raise DistributedError(f"rank {k} on {host} stopped answering (cut off, hung or too slow): {where} "
+                                   f"{e['error']}")
+        raise DistributedError(f"{where}: {e['error']}")
     summary = next((_report(line, SUMMARY) for line in stdout.splitlines() if SUMMARY in line), None)
     if proc.returncode != 0 or summary is None or summary.get("frames") != frames:
         got = "no summary" if summary is None else f"{summary.get('frames')} of {frames} frames"
         raise DistributedError(f"mpirun exited {proc.returncode} with {got}: {_who_died(stderr, split_dir)}")
     return Result(summary, seconds, cmd)
+
+
+def _ranks(split_dir: Path) -> list[dict]:
+    return json.loads((Path(split_dir) / "tables.json").read_text())["ranks"]
 
 
 def _report(line: str, marker: str) -> dict:
@@ -184,7 +222,7 @@ def _report(line: str, marker: str) -> dict:
 
 def _who_died(stderr: str, split_dir: Path) -> str:
     """The rank mpirun saw exit first (a rank killed or gone without a word), named with its host."""
-    ranks = json.loads((Path(split_dir) / "tables.json").read_text())["ranks"]
+    ranks = _ranks(split_dir)
     hosts = {r["rank"]: r["host"] for r in ranks}
     daemon = re.search(r"Remote daemon:\s*\[[^\]]*\]\s*on node (\S+)", stderr)
     if daemon:  # mpirun lost a host's daemon (keepalive): its link was cut or the host went away

@@ -89,17 +89,17 @@ class _Stage:
                 raise RankError(f"{s['int8']}: tensor {x['name']!r} is {list(x['shape'])} {x['dtype'].__name__}, "
                                 f"tables.json says {spec['shape']} {spec['dtype']}")
 
-    def run(self, live: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        for name, ix in self.inputs.items():
-            self.it.set_tensor(ix, live[name])
-        self.it.invoke()
-        return {name: self.it.get_tensor(ix).copy() for name, ix in self.outputs.items()}
-
 
 # ------------------------------------------------------------------------------------------------ running
 class Rank:
-    def __init__(self, comm, d: Path, deadline_s: float, sleep_s: float = 2e-4, fault: str | None = None):
+    def __init__(self, comm, d: Path, deadline_s: float, sleep_s: float = 5e-5, max_sleep_s: float = 1e-3,
+                 fault: str | None = None):
+        from concurrent.futures import ThreadPoolExecutor
+
         self.comm, self.d, self.fault = comm, d, fault
+        self.max_sleep_s = max_sleep_s
+        self.progress_s = 5e-4
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="invoke")
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.host = socket.gethostname()
         self.deadline_s, self.sleep_s = deadline_s, sleep_s
@@ -117,16 +117,32 @@ class Rank:
         self.send = {n: b for n, b in self.tables["buffers"].items() if b["sender"] == self.rank}
         self.busy_s = self.wait_s = 0.0
 
+    def _run(self, st: _Stage, live: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Invoke on the worker thread (LiteRT releases the GIL) while this thread drives MPI's progress: with no
+        MPI call during a stage, a large message in flight (rendezvous over TCP) would not move until it ends."""
+        for name, ix in st.inputs.items():
+            st.it.set_tensor(ix, live[name])
+        job = self.worker.submit(st.it.invoke)
+        while True:
+            try:
+                job.result(timeout=self.progress_s)
+                break
+            except TimeoutError:
+                self.comm.Iprobe()
+        return {name: st.it.get_tensor(ix).copy() for name, ix in st.outputs.items()}
+
     def _wait(self, req, what: str, peer: int) -> None:
         from mpi4py import MPI
 
         t0 = time.perf_counter()
         end = t0 + self.deadline_s
+        nap = self.sleep_s
         try:
             while not req.Test():
                 if time.perf_counter() > end:
                     raise RankError(f"waited {self.deadline_s:g} s for {what}")
-                time.sleep(self.sleep_s)
+                time.sleep(nap)
+                nap = min(nap * 2, self.max_sleep_s)  # back off: polling burns a quota-limited host's CPU
         except MPI.Exception as e:
             raise RankError(f"lost rank {peer} ({self.tables['ranks'][peer]['host']}) while waiting for {what}: "
                             f"{e.Get_error_string().strip()}") from None
@@ -160,21 +176,34 @@ class Rank:
             if st is self.stages[0]:
                 _fault(self.fault, self.rank, f)
             t0 = time.perf_counter()
-            out = st.run(live)
+            out = self._run(st, live)
             self.busy_s += time.perf_counter() - t0
             publish(out)
         self.where["stage"] = None
         result = None
         if self.rank == self.tables["head"]:
             name = self.tables["output"]["name"]
-            if name not in live:
-                req, buf, src = reqs.pop(name)
-                self._wait(req, f"the output {name!r} from rank {src}", src)
-                live[name] = buf
-            result = live[name]
+            # the output made elsewhere is collected later (``collect``): waiting for it here would stop the head
+            # from feeding frame f + 1 until frame f left the last rank, and nothing would pipeline
+            if name in live:
+                result = (live[name], None)
+            else:
+                req, buf, _ = reqs.pop(name)
+                result = (buf, req)
         for name, (req, buf, src) in reqs.items():  # buffers this rank receives but no stage of it read
             self._wait(req, f"buffer {name!r} from rank {src}", src)
         return result
+
+    def collect(self, outs: list, upto: int, done: list, t0: float) -> None:
+        """Wait for the head's outputs of every frame up to ``upto`` (its completion time recorded)."""
+        src = self.tables["output"].get("rank", self.rank)
+        while len(done) < min(upto + 1, len(outs)):
+            f = len(done)
+            buf, req = outs[f]
+            if req is not None:
+                self.where["frame"] = f
+                self._wait(req, f"the output of frame {f} from rank {src}", src)
+            done.append(time.perf_counter() - t0)
 
     def drain(self, pending: list, keep_frames_after: int) -> None:
         while pending and pending[0][0] <= keep_frames_after:
@@ -187,11 +216,12 @@ def _inputs(tables: dict, path: str | None, frames: int, seed: int) -> np.ndarra
     dt = _DTYPES[spec["dtype"]]
     if path:
         xs = np.load(path, allow_pickle=False)
-        if xs.dtype != dt or list(xs.shape[1:]) != spec["shape"]:
+        if xs.dtype != dt or list(xs.shape[1:]) != spec["shape"] or not len(xs):
             raise RankError(f"{path}: expected frames of {spec['shape']} {spec['dtype']}, got {list(xs.shape)} {xs.dtype}")
         return xs
     info = np.iinfo(dt)
-    return np.random.default_rng(seed).integers(info.min, info.max, (frames, *spec["shape"]), endpoint=True).astype(dt)
+    n = min(frames, 16)  # frames cycle through these (a long run needs no memory per frame)
+    return np.random.default_rng(seed).integers(info.min, info.max, (n, *spec["shape"]), endpoint=True).astype(dt)
 
 
 def _peak_rss() -> int:
@@ -227,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("split_dir", help="a split (tables.json, int8/), the same on every host")
     p.add_argument("--frames", type=int, default=10, help="frames to run (default 10)")
-    p.add_argument("--inputs", help="head: an .npy of int8 frames (default: seeded random)")
+    p.add_argument("--inputs", help="head: an .npy of int8 frames, cycled (default: 16 seeded random ones)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="head: write the outputs here (.npy)")
     p.add_argument("--deadline", type=float, default=30.0, help="seconds a rank waits for one buffer (default 30)")
@@ -241,17 +271,19 @@ def main(argv: list[str] | None = None) -> int:
         me = Rank(comm, Path(args.split_dir), args.deadline, fault=args.fault)
         head = me.rank == me.tables["head"]
         xs = _inputs(me.tables, args.inputs, args.frames, args.seed) if head else None
-        frames = int(comm.bcast(len(xs) if head else None, root=me.tables["head"]))
+        frames = args.frames
         comm.Barrier()
         t0 = time.perf_counter()
         c0 = time.process_time()
         outs, pending, done = [], [], []
         for f in range(frames):
-            y = me.frame(f, xs[f] if head else None, pending)
+            y = me.frame(f, xs[f % len(xs)] if head else None, pending)
             if head:
                 outs.append(y)
-                done.append(time.perf_counter() - t0)
+                me.collect(outs, f - args.window, done, t0)
             me.drain(pending, f - args.window)
+        if head:
+            me.collect(outs, frames, done, t0)
         me.drain(pending, frames)
         wall = time.perf_counter() - t0
         stats = {"rank": me.rank, "host": me.host, "wall_s": wall, "busy_s": me.busy_s, "wait_s": me.wait_s,
@@ -260,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         every = comm.gather(stats, root=me.tables["head"])
         if head:
             if args.out:
-                np.save(args.out, np.stack(outs))
+                np.save(args.out, np.stack([buf for buf, _ in outs]))
             summary = {"frames": frames, "wall_s": wall, "fps": frames / wall if wall else None, "frame_done_s": done,
                        "revision": me.revision, "ranks": every}
             print(f"{SUMMARY} {json.dumps(summary)}", flush=True)

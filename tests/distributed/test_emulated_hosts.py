@@ -67,9 +67,9 @@ def test_hosts_have_their_names_shares_and_links(hosts):
     h = st["hosts"][2]
     name = subprocess.run(emulate.enter(h, ["hostname"]), capture_output=True, text=True).stdout.strip()
     assert name == "dev2"
-    assert (Path(h["cgroup"]) / "cpu.cfs_quota_us").read_text().strip() == "50000"
+    assert (Path(h["cgroup"]) / "cpu.cfs_quota_us").read_text().strip() == "5000"
     for a, b in (("dev0", "dev1"), ("dev2", "dev0")):
-        rate = emulate.measure_link(st, a, b, 2_000_000)
+        rate = emulate.measure_link(st, a, b, 4_000_000)
         assert 0.9 * 1.25e6 <= rate <= 1.1 * 1.25e6, (a, b, rate)
 
 
@@ -113,7 +113,7 @@ def test_a_killed_rank_and_a_cut_link_are_named(hosts):
     th = threading.Thread(target=cut)
     th.start()
     try:
-        with pytest.raises(launch.DistributedError, match=r"lost host dev2 \(rank 2\)|rank 2 on 10\.213\.0\.4 failed"):
+        with pytest.raises(launch.DistributedError, match=r"lost host dev2 \(rank 2\)|rank 2 on 10\.213\.0\.4 (failed|stopped answering)"):
             launch.run(out, frames=100_000, timeout_s=60, deadline_s=3, mpi_args=emulate.mpi_args(NAME))
         detected = time.perf_counter() - cut_at[0]
     finally:

@@ -62,7 +62,7 @@ def test_ranks_give_the_int8_models_outputs(split, tmp_path):
     ("1:3:raise", r"^rank 1 on \S+ \(stage \d+, frame 3\): fault injected"),
     ("2:5:kill", r"^rank 2 on localhost failed \(killed, exited or cut off\): rank [01] on \S+ \(.*frame 5\) lost it"),
     ("0:2:exit", r"^rank 0 on localhost failed .* rank [12] on \S+ \(.*frame 2\) lost it"),
-    ("1:4:hang", r"rank [02] on \S+ \(stage \d+, frame 4\): waited 2 s for .*rank 1"),
+    ("1:4:hang", r"^rank 1 on localhost stopped answering .*: rank [02] on \S+ \(.*frame 4\) waited 2 s for .*rank 1"),
 ])
 def test_a_failing_rank_is_named_and_nothing_is_left(split, fault, says):
     _, out = split
