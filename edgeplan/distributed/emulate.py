@@ -210,8 +210,10 @@ def mpi_args(name: str) -> list[str]:
     """mpirun options that start each host's daemon inside it and keep MPI traffic on the emulated subnet."""
     state = load(name)
     agent = state_dir(name) / "agent"
+    # no binding: every emulated host's "core 0" is this machine's core 0 (8 ranks bound there shared one core);
+    # the hosts' cgroups hold each to its share
     return ["--prtemca", "plm_ssh_agent", str(agent), "--prtemca", "oob_tcp_if_include", state["subnet"],
-            "--mca", "btl_tcp_if_include", state["subnet"]]
+            "--mca", "btl_tcp_if_include", state["subnet"], "--bind-to", "none"]
 
 
 def host_for(state: dict, address: str) -> dict:

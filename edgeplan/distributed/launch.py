@@ -65,7 +65,7 @@ def command(split_dir: Path, *, frames: int, deadline_s: float = 30.0, extra: li
         mpirun(), "--np", str(ranks), "--hostfile", str(split_dir / "hostfile"),
         "--mapby", f"rankfile:file={split_dir / 'rankfile'}",
         # ranks of devices that share a host (tests on loopback) may share cores: allowed, not an error
-        "--bind-to", "core:overload-allowed",
+        *(() if "--bind-to" in mpi_args else ("--bind-to", "core:overload-allowed")),
         "--mca", "btl", "tcp,self", "--mca", "pml", "ob1",
         # ULFM: a failed process is reported to the survivors (MPI_ERR_PROC_FAILED, naming it) instead of every
         # rank aborting inside the library, where mpirun names whichever exit it saw first

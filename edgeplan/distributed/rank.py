@@ -111,6 +111,7 @@ class Rank:
             raise RankError(f"ranks {others} run another revision of the split (tables.json sha256 "
                             f"{revisions[others[0]][:12]} vs {self.revision[:12]} here): refusing mixed revisions")
         me = self.tables["ranks"][self.rank]
+        self.base_rss_bytes = _rss()  # the process before any model: interpreter, numpy, LiteRT, Open MPI
         self.stages = [_Stage(d, s, max(1, len(me["slots"])), self.tables)
                        for s in self.tables["stages"] if s["rank"] == self.rank]
         self.recv = {n: b for n, b in self.tables["buffers"].items() if self.rank in b["receivers"]}
@@ -224,11 +225,34 @@ def _inputs(tables: dict, path: str | None, frames: int, seed: int) -> np.ndarra
     return np.random.default_rng(seed).integers(info.min, info.max, (n, *spec["shape"]), endpoint=True).astype(dt)
 
 
+def _rss() -> int:
+    """This process's resident set now (VmRSS), bytes; 0 off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return 0
+
+
 def _peak_rss() -> int:
     """This rank's peak resident set (VmHWM), bytes."""
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _failed_ranks(comm, e: Exception) -> list[int]:
+    """The ranks ULFM reports failed, when ``e`` is MPI's process-failure error."""
+    from mpi4py import MPI
+
+    if not (isinstance(e, MPI.Exception) and e.Get_error_class() == MPI.ERR_PROC_FAILED):
+        return []
+    try:
+        g = comm.Get_failed()
+        return [r for r in MPI.Group.Translate_ranks(g, list(range(g.Get_size())), comm.Get_group())
+                if r != MPI.UNDEFINED]
+    except MPI.Exception:
+        return []
 
 
 def _fault(spec: str | None, rank: int, frame: int) -> None:
@@ -288,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.perf_counter() - t0
         stats = {"rank": me.rank, "host": me.host, "wall_s": wall, "busy_s": me.busy_s, "wait_s": me.wait_s,
                  "cpu_s": time.process_time() - c0, "stages": [s.index for s in me.stages],
-                 "peak_rss_bytes": _peak_rss()}
+                 "peak_rss_bytes": _peak_rss(), "base_rss_bytes": me.base_rss_bytes}
         every = comm.gather(stats, root=me.tables["head"])
         if head:
             if args.out:
@@ -300,6 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - every failure is reported in one line, then the job is aborted
         where = dict(me.where) if me is not None else {"stage": None, "frame": None}
         rank = comm.Get_rank()
+        lost = _failed_ranks(comm, e)
+        if lost and me is not None:  # ULFM: name the process that failed, whichever MPI call noticed it
+            k = lost[0]
+            e = RankError(f"lost rank {k} ({me.tables['ranks'][k]['host']}) while working: MPI_ERR_PROC_FAILED")
         print(f"{ERROR} " + json.dumps({"rank": rank, "host": socket.gethostname(), **where,
                                         "error": f"{type(e).__name__}: {e}" if not isinstance(e, RankError) else str(e)}),
               file=sys.stderr, flush=True)

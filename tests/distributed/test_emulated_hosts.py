@@ -84,6 +84,8 @@ def test_a_split_runs_over_the_hosts(hosts, tmp_path):
                    extra=["--inputs", str(tmp_path / "x.npy"), "--out", str(tmp_path / "y.npy")])
     after = emulate.link_bytes(st)
     assert [k["host"] for k in r.summary["ranks"]] == ["dev0", "dev1", "dev2"]  # each rank in its own host
+    i = r.command.index("--bind-to")  # unbound: each host's "core 0" is this machine's core 0
+    assert r.command[i + 1] == "none" and r.command.count("--bind-to") == 1
     whole = litert.interpreter((d / "model_int8.tflite").read_bytes(), deterministic=False)
     want = np.stack([invoke_named(whole, {t["input"]["name"]: x})[t["output"]["name"]] for x in xs])
     assert np.array_equal(np.load(tmp_path / "y.npy"), want)
