@@ -32,7 +32,6 @@ Keys (ratios and errors are fractions):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys

@@ -65,7 +65,6 @@ import numpy as np  # noqa: E402
 from _common import compiled, machine, publish, pyplot, second_core  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-EDGEPLAN = [sys.executable, "-m", "edgeplan.cli"]
 MODELS = {"InceptionV3": "inceptionv3_299", "DenseNet201": "densenet201_224",
           "light_inception_v1": "light_inception_v1"}
 WORKERS = 2
