@@ -220,9 +220,10 @@ def _inputs(tables: dict, path: str | None, frames: int, seed: int) -> np.ndarra
         if xs.dtype != dt or list(xs.shape[1:]) != spec["shape"] or not len(xs):
             raise RankError(f"{path}: expected frames of {spec['shape']} {spec['dtype']}, got {list(xs.shape)} {xs.dtype}")
         return xs
-    info = np.iinfo(dt)
+    from edgeplan.quantize.litert import random_value
+
     n = min(frames, 16)  # frames cycle through these (a long run needs no memory per frame)
-    return np.random.default_rng(seed).integers(info.min, info.max, (n, *spec["shape"]), endpoint=True).astype(dt)
+    return random_value((n, *spec["shape"]), dt, np.random.default_rng(seed))
 
 
 def _rss() -> int:

@@ -105,17 +105,24 @@ def _interpreter(path: str, threads: int, settings: Settings, rng):
 def random_inputs(it, rng) -> list[dict]:
     """Set every input of an allocated interpreter to random values (integers over their dtype's range, floats
     in [-1, 1]); returns the input details."""
-    import numpy as np
+    from edgeplan.quantize.litert import random_value
 
     inputs = it.get_input_details()
     for d in inputs:
-        if np.issubdtype(d["dtype"], np.integer):
-            info = np.iinfo(d["dtype"])
-            x = rng.integers(info.min, info.max, size=d["shape"], endpoint=True).astype(d["dtype"])
-        else:
-            x = rng.uniform(-1, 1, size=d["shape"]).astype(d["dtype"])
-        it.set_tensor(d["index"], x)
+        it.set_tensor(d["index"], random_value(d["shape"], d["dtype"], rng))
     return inputs
+
+
+def median_ms(work, repeats: int) -> float:
+    """Median milliseconds of ``repeats`` calls of ``work()``."""
+    import statistics
+
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        work()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
 
 
 def _timed(it) -> float:

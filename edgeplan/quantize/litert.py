@@ -32,6 +32,14 @@ def quantize(x: np.ndarray, detail: dict) -> np.ndarray:
     return np.clip(np.round(x / scale + zero), info.min, info.max).astype(dtype)
 
 
+def random_value(shape, dtype, rng: np.random.Generator) -> np.ndarray:
+    """A random input: integers over the whole range of an integer dtype, floats in [-1, 1]."""
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, endpoint=True).astype(dtype)
+    return rng.uniform(-1, 1, size=shape).astype(dtype)
+
+
 def dequantize(q: np.ndarray, detail: dict) -> np.ndarray:
     scale, zero = detail["quantization"]
     if not scale:

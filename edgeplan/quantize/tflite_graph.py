@@ -205,3 +205,11 @@ def np_dtype(tensor: TfliteTensor):
 def itemsize(tensor: TfliteTensor) -> int:
     """Bytes per element (4 for a type numpy has no name for here)."""
     return np.dtype(_NP_TYPES.get(tensor.dtype, np.float32)).itemsize
+
+
+def tensor_bytes(graph: TfliteGraph, ix: int) -> int:
+    """Bytes of tensor ``ix`` (a dynamic dimension counted as 1)."""
+    n = itemsize(graph.tensors[ix])
+    for d in graph.tensors[ix].shape:
+        n *= max(1, d)
+    return n

@@ -18,7 +18,6 @@ when verification fails.
 from __future__ import annotations
 
 import hashlib
-import math
 import shutil
 import tempfile
 import time
@@ -36,7 +35,7 @@ from edgeplan.plan.multidevice.spec import Mapping, Platform, mapping_doc
 from edgeplan.plan.multidevice.units import Units
 from edgeplan.quantize import litert
 from edgeplan.quantize.stream import cut_ops, ops_boundary
-from edgeplan.quantize.tflite_graph import TfliteGraph, itemsize, np_dtype
+from edgeplan.quantize.tflite_graph import TfliteGraph, np_dtype, tensor_bytes
 from edgeplan.runtime.stream import invoke_named
 
 HEAD = 0
@@ -128,7 +127,7 @@ def _run_float(paths: list[Path], x: dict[str, np.ndarray]) -> dict[str, np.ndar
 # ------------------------------------------------------------------------------------------------- tables
 def _detail(graph: TfliteGraph, ix: int) -> dict:
     t = graph.tensors[ix]
-    return {"shape": list(t.shape), "dtype": t.dtype, "nbytes": math.prod(t.shape) * itemsize(t),
+    return {"shape": list(t.shape), "dtype": t.dtype, "nbytes": tensor_bytes(graph, ix),
             "scale": list(t.scale), "zero_point": list(t.zero_point)}
 
 
@@ -273,8 +272,7 @@ def verify(d: Path, table: dict, model: onnx.ModelProto, int8_bytes: bytes, xs: 
         its = [litert.interpreter(s, deterministic=deterministic) for s in segs]
         same = 0
         for _ in range(samples):
-            x = {i_name: rng.integers(np.iinfo(dt).min, np.iinfo(dt).max, table["input"]["shape"], endpoint=True
-                                      ).astype(dt)}
+            x = {i_name: litert.random_value(table["input"]["shape"], dt, rng)}
             ref = invoke_named(whole, x)
             live = dict(x)
             for it in its:

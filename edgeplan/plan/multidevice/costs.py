@@ -6,15 +6,16 @@ one per device, so a tensor crosses from the segment that makes it to every late
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from edgeplan.plan.multidevice.units import Units
+from edgeplan.profile.cpu import median_ms
 from edgeplan.quantize import litert
 from edgeplan.quantize.stream import cut_ops
-from edgeplan.quantize.tflite_graph import TfliteGraph, itemsize
+from edgeplan.quantize.tflite_graph import TfliteGraph, tensor_bytes
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,16 @@ class Costs:
                 "act_bytes": self.act_bytes.tolist(), "tensors": [[p, list(c), b] for p, c, b in self.tensors],
                 "input_bytes": self.input_bytes, "output_bytes": self.output_bytes, "cores": self.cores}
 
+    @cached_property
+    def edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The tensors as arrays: producer position per tensor; for every (tensor, reader) pair the tensor and the
+        reader's position; bytes per tensor."""
+        prod = np.array([p for p, _, _ in self.tensors], int)
+        tid = np.array([k for k, (_, rs, _) in enumerate(self.tensors) for _ in rs], int)
+        reader = np.array([q for _, rs, _ in self.tensors for q in rs], int)
+        nbytes = np.array([b for _, _, b in self.tensors], np.int64)
+        return prod, tid, reader, nbytes
+
     @classmethod
     def from_json(cls, d: dict) -> Costs:
         return cls(tuple(d["order"]), np.asarray(d["ms"], float), np.asarray(d["param_bytes"], np.int64),
@@ -40,22 +51,12 @@ class Costs:
                    d["input_bytes"], d["output_bytes"], d["cores"])
 
 
-def _nbytes(graph: TfliteGraph, ix: int) -> int:
-    t = graph.tensors[ix]
-    return int(np.prod(t.shape)) * itemsize(t)
-
-
 def _time(data: bytes, threads: int, repeats: int) -> float:
     it = litert.interpreter(data, deterministic=False, threads=threads)
     for d in it.get_input_details():
         it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
     it.invoke()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        it.invoke()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts)) * 1e3
+    return median_ms(it.invoke, repeats)
 
 
 def measure(graph: TfliteGraph, units: Units, order: list[int], cores: int, repeats: int = 5,
@@ -80,13 +81,13 @@ def measure(graph: TfliteGraph, units: Units, order: list[int], cores: int, repe
     for k, u in enumerate(order):
         for x in (*units.units[u].inputs, *units.units[u].outputs):
             if x in units.int8_tensor:
-                act[k] += _nbytes(graph, units.int8_tensor[x])
+                act[k] += tensor_bytes(graph, units.int8_tensor[x])
     readers: dict[str, list[int]] = {}
     for u in order:
         for x in units.units[u].inputs:
             if x in producer_unit:
                 readers.setdefault(x, []).append(pos[u])
     for x, rs in readers.items():
-        tensors.append((pos[producer_unit[x]], tuple(sorted(set(rs))), _nbytes(graph, units.int8_tensor[x])))
-    return Costs(tuple(order), ms, params, act, tuple(tensors), _nbytes(graph, graph.inputs[0]),
-                 _nbytes(graph, graph.outputs[0]), cores)
+        tensors.append((pos[producer_unit[x]], tuple(sorted(set(rs))), tensor_bytes(graph, units.int8_tensor[x])))
+    return Costs(tuple(order), ms, params, act, tuple(tensors), tensor_bytes(graph, graph.inputs[0]),
+                 tensor_bytes(graph, graph.outputs[0]), cores)

@@ -8,7 +8,6 @@ configurations interleaved, medians. Then ``confirm`` checks the choices end to 
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import replace
 from typing import Callable
 
@@ -16,6 +15,7 @@ import numpy as np
 
 from edgeplan.plan.parallax import schedule
 from edgeplan.plan.parallax.schedule import Layer, ParallaxPlan, decide, repack
+from edgeplan.profile.cpu import median_ms
 from edgeplan.quantize import litert
 from edgeplan.quantize.stream import cut_ops
 from edgeplan.quantize.tflite_graph import TfliteGraph
@@ -28,12 +28,8 @@ def activations(graph: TfliteGraph, x: dict[str, np.ndarray] | None = None, seed
     it = litert.interpreter(graph.data, deterministic=True, keep_all=True)
     rng = np.random.default_rng(seed)
     for d in it.get_input_details():
-        info = np.iinfo(d["dtype"]) if np.issubdtype(d["dtype"], np.integer) else None
         value = (x or {}).get(d["name"])
-        if value is None:
-            value = (rng.integers(info.min, info.max, size=d["shape"], endpoint=True).astype(d["dtype"]) if info
-                     else rng.uniform(-1, 1, size=d["shape"]).astype(d["dtype"]))
-        it.set_tensor(d["index"], value)
+        it.set_tensor(d["index"], litert.random_value(d["shape"], d["dtype"], rng) if value is None else value)
     it.invoke()
     out = {}
     for d in it.get_tensor_details():
@@ -56,15 +52,6 @@ def runtime_stages(graph: TfliteGraph, plan: ParallaxPlan, tag: str = "px") -> l
     return out
 
 
-def _median_ms(work: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        work()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
-
-
 def measure(graph: TfliteGraph, layers: list[Layer], *, workers: int, deterministic: bool = False,
             repeats: int = 7, live: dict[str, np.ndarray] | None = None) -> list[Layer]:
     """The candidate layers decided by measured times (other layers returned as they are)."""
@@ -80,7 +67,7 @@ def measure(graph: TfliteGraph, layers: list[Layer], *, workers: int, determinis
         for i, ops in enumerate(layer.tasks):
             it = build(cut_ops(graph, list(ops), f"{tag}t{i}"), 1)
             invoke_named(it, live)  # warm
-            task_ms.append(_median_ms(lambda: invoke_named(it, live), repeats))
+            task_ms.append(median_ms(lambda: invoke_named(it, live), repeats))
         packed = repack(layer, task_ms, workers)
         subs = tuple(SubModel(f"{tag}w{w}", cut_ops(graph, [v for i in b for v in layer.tasks[i]], f"{tag}w{w}"), 1)
                      for w, b in enumerate(packed.bins))
@@ -93,7 +80,7 @@ def measure(graph: TfliteGraph, layers: list[Layer], *, workers: int, determinis
         for r in range(repeats):  # interleaved, each first in turn
             pair = [(par, lambda: branches.run(live)), (thr, lambda: invoke_named(whole, live))]
             for sink, work in (pair if r % 2 == 0 else pair[::-1]):
-                sink.append(_median_ms(work, 1))
+                sink.append(median_ms(work, 1))
         out.append(decide(packed, task_ms, statistics.median(par), statistics.median(thr), workers))
     return out
 
@@ -110,7 +97,7 @@ def _faster(a: Callable[[], object], b: Callable[[], object], repeats: int) -> t
     for r in range(repeats):
         pair = [(ta, a), (tb, b)]
         for sink, work in (pair if r % 2 == 0 else pair[::-1]):
-            sink.append(_median_ms(work, 1))
+            sink.append(median_ms(work, 1))
     return statistics.median(ta), statistics.median(tb)
 
 

@@ -8,14 +8,7 @@ Beside it, the naive figure (one buffer per tensor, no reuse), as the paper's Ta
 from __future__ import annotations
 
 from edgeplan.quantize.stream import ops_boundary
-from edgeplan.quantize.tflite_graph import TfliteGraph, itemsize
-
-
-def tensor_bytes(graph: TfliteGraph, ix: int) -> int:
-    n = itemsize(graph.tensors[ix])
-    for d in graph.tensors[ix].shape:
-        n *= max(1, d)
-    return n
+from edgeplan.quantize.tflite_graph import TfliteGraph, itemsize, tensor_bytes
 
 
 def intervals(graph: TfliteGraph, ops: list[int], outputs: list[int] | None = None) -> dict[int, tuple[int, int]]:

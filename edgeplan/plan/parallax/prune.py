@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from edgeplan.compile import edgetpu_ops
 from edgeplan.compile.emulated import place_ops
 from edgeplan.graph.branches import tflite_flops
-from edgeplan.plan.parallax.memory import tensor_bytes
 from edgeplan.quantize.stream import ops_boundary
-from edgeplan.quantize.tflite_graph import TfliteGraph
+from edgeplan.quantize.tflite_graph import TfliteGraph, tensor_bytes
 
 RELAXED_MIN_MACS = 1e9
 RELAXED_MAX_BYTES_PER_MAC = 0.1

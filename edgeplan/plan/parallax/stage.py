@@ -67,8 +67,7 @@ def identical(graph: TfliteGraph, stages, workers: int, samples: int, seed: int)
         whole = litert.interpreter(graph.data, deterministic=deterministic)
         same = True
         for _ in range(samples):
-            x = {d["name"]: rng.integers(np.iinfo(d["dtype"]).min, np.iinfo(d["dtype"]).max, d["shape"], endpoint=True
-                                         ).astype(d["dtype"]) for d in whole.get_input_details()}
+            x = {d["name"]: litert.random_value(d["shape"], d["dtype"], rng) for d in whole.get_input_details()}
             want, got = invoke_named(whole, x), runner.run(x)
             same &= want.keys() == got.keys() and all(np.array_equal(want[k], got[k]) for k in want)
         out[kernels] = bool(same)
