@@ -38,19 +38,9 @@ class Point:
         return 1.0 / self.period_s
 
 
-_EDGES: dict[int, tuple] = {}
-
-
-def _edges(costs: Costs) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(producer position per tensor, tensor of each (tensor, reader) pair, reader position, bytes per tensor)."""
-    key = id(costs)
-    if key not in _EDGES:
-        prod = np.array([p for p, _, _ in costs.tensors], int)
-        tid = np.array([k for k, (_, rs, _) in enumerate(costs.tensors) for _ in rs], int)
-        reader = np.array([q for _, rs, _ in costs.tensors for q in rs], int)
-        nbytes = np.array([b for _, _, b in costs.tensors], np.int64)
-        _EDGES[key] = (costs, prod, tid, reader, nbytes)
-    return _EDGES[key][1:]
+def resources_of(platform: Platform, genes) -> tuple[int, ...]:
+    """Per device, 1 if its segment takes all of several cores, else 0 (one core; a one-core device has no choice)."""
+    return tuple(int(r) if len(dev.slots) > 1 else 0 for dev, r in zip(platform.devices, genes))
 
 
 def evaluate(costs: Costs, platform: Platform, cuts, resources) -> tuple[float, int, float, list[int]]:
@@ -62,15 +52,16 @@ def evaluate(costs: Costs, platform: Platform, cuts, resources) -> tuple[float, 
     seg = np.searchsorted(cuts, np.arange(u), side="right")  # position -> device index
     busy = np.zeros(d)
     mem = np.zeros(d)
+    resources = resources_of(platform, resources)
     for k in range(d):
         mask = seg == k
         if not mask.any():
             continue
-        r = int(resources[k]) if len(devs[k].slots) > 1 else 0
+        r = resources[k]
         quota = devs[k].cpu_quota or 1.0
         busy[k] = costs.ms[mask, r].sum() / 1e3 / quota  # the cgroup gives quota x the cores it uses
         mem[k] = costs.param_bytes[mask].sum() + costs.act_bytes[mask].max()
-    prod, tid, reader, nbytes = _edges(costs)
+    prod, tid, reader, nbytes = costs.edges
     src = seg[prod]  # per tensor, the device making it
     dst = seg[reader]  # per (tensor, reader), the device reading it
     cross = dst != src[tid]
@@ -134,7 +125,7 @@ def explore(costs: Costs, units, platform: Platform, *, population: int = 100, g
     for x in np.atleast_2d(res.X):
         cuts = tuple(int(c) for c in np.sort(x[: d - 1]))
         period, mem, energy, seg = evaluate(costs, platform, cuts, x[d - 1:])
-        res_k = tuple(int(r) if len(platform.devices[k].slots) > 1 else 0 for k, r in enumerate(x[d - 1:]))
+        res_k = resources_of(platform, x[d - 1:])
         doc = mapping_of(costs, units, platform, seg, res_k)
         key = (round(period, 9), mem, round(energy, 9))  # devices alike: one mapping per objective vector
         if key not in points:
