@@ -3,31 +3,35 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import onnx
 
 from edgeplan.errors import ArtifactError, SpecError
 from edgeplan.plan.multidevice import spec, units
 
 
-def _inputs(root: Path) -> tuple[onnx.ModelProto, object, np.ndarray]:
+def _load(root: Path, params: dict):
+    """The float model and the int8 graph, each read once, and inputs like the calibration set's: ``samples(k)``
+    draws two with seed offset k (1: matching units, as the build's matching; 2: verifying a split)."""
     from edgeplan.graph.model import GraphView
+    from edgeplan.quantize.calibration import CalibrationSpec, sample_inputs
     from edgeplan.quantize.tflite_graph import TfliteGraph
 
     for f in ("model.onnx", "model_int8.tflite"):
         if not (root / f).is_file():
             raise ArtifactError(f"{root / f}: missing; run `edgeplan compile` (or `edgeplan build {root}`) first")
     model = onnx.load(str(root / "model.onnx"))
-    return model, TfliteGraph((root / "model_int8.tflite").read_bytes()), GraphView(model)
+    view = GraphView(model)
+    cal = CalibrationSpec.from_params(params["quantize"]["calibration"])
+
+    def samples(offset: int):
+        return sample_inputs(cal, view.shape(view.input.name), 2, seed=cal.seed + offset)
+
+    return model, TfliteGraph((root / "model_int8.tflite").read_bytes()), cal, samples
 
 
 def find_units(root: Path, params: dict) -> units.Units:
-    from edgeplan.quantize.calibration import CalibrationSpec, sample_inputs
-
-    model, graph, view = _inputs(root)
-    cal = CalibrationSpec.from_params(params["quantize"]["calibration"])
-    xs = sample_inputs(cal, view.shape(view.input.name), 2, seed=cal.seed + 1)
-    return units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"])
+    model, graph, _, samples = _load(root, params)
+    return units.find(model, graph, samples(1), min_cosine=params["quantize"]["match_min_cosine"])
 
 
 def platform_for(params: dict, platform_path: str | None, deployment: str | None) -> spec.Platform:
@@ -46,12 +50,9 @@ def platform_for(params: dict, platform_path: str | None, deployment: str | None
 
 
 def split(root: Path, params: dict, mapping_path: Path, platform: spec.Platform, out: Path) -> dict:
-    from edgeplan.quantize.calibration import CalibrationSpec, sample_inputs
     from edgeplan.surgery import multidevice
 
-    us = find_units(root, params)
+    model, graph, cal, samples = _load(root, params)
+    us = units.find(model, graph, samples(1), min_cosine=params["quantize"]["match_min_cosine"])
     mapping = spec.load_mapping(mapping_path, platform, us)
-    _, _, view = _inputs(root)
-    cal = CalibrationSpec.from_params(params["quantize"]["calibration"])
-    xs = sample_inputs(cal, view.shape(view.input.name), 2, seed=cal.seed + 2)
-    return multidevice.split(root, us, mapping, platform, out, xs=xs, seed=cal.seed)
+    return multidevice.split(root, us, mapping, platform, out, xs=samples(2), seed=cal.seed)
