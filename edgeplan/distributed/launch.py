@@ -159,15 +159,16 @@ def run(split_dir: Path, *, frames: int, timeout_s: float, deadline_s: float = 3
                threading.Thread(target=lambda f, into: into.extend(f), args=(proc.stderr, err), daemon=True)]
     for r in readers:
         r.start()
-    failed_at = None
+    failed_at, scanned = None, 0
     try:
         while proc.poll() is None:
             now = time.perf_counter()
             if now - t0 > timeout_s:
                 raise DistributedError(f"the job did not finish within {timeout_s:g} s: killed all its processes")
-            if failed_at is None and any(ERROR in line or "lost communication with a remote daemon" in line
-                                         for line in list(err)):
-                failed_at = now
+            if failed_at is None:
+                fresh, scanned = err[scanned:], len(err)  # only the lines that came since the last look
+                if any(ERROR in line or "lost communication with a remote daemon" in line for line in fresh):
+                    failed_at = now
             if failed_at is not None and now - failed_at > GRACE_S:
                 break  # a rank failed and the job is not ending: mpirun hangs on an abort during a partition
             time.sleep(0.05)
@@ -180,33 +181,38 @@ def run(split_dir: Path, *, frames: int, timeout_s: float, deadline_s: float = 3
     stdout, stderr = "".join(out), "".join(err)
     errors = [_report(line, ERROR) for line in stderr.splitlines() if ERROR in line]  # mpirun may prefix a NUL
     if errors:
-        # a rank's own failure first; else every report is of a lost peer: the first names who died
-        e = next((x for x in errors if not x["error"].startswith("lost rank")), errors[0])
-        at = ", ".join(f"{k} {e[k]}" for k in ("stage", "frame") if e.get(k) is not None)
-        where = f"rank {e['rank']} on {e['host']}{' (' + at + ')' if at else ''}"
-        lost = re.match(r"lost rank (\d+) \((\S+)\)", e["error"])
-        if lost:  # ULFM told a survivor which process failed
-            raise DistributedError(f"rank {lost.group(1)} on {lost.group(2)} failed (killed, exited or cut off): "
-                                   f"{where} lost it: {e['error']}")
-        waits = {x["rank"]: int(m.group(1)) for x in errors
-                 if (m := re.match(r"waited \S+ s for .* from rank (\d+)$", x["error"]))}
-        if e["rank"] in waits:  # a survivor's deadline passed: follow who waited on whom to one that said nothing
-            k, seen = waits[e["rank"]], {e["rank"]}
-            while k in waits and k not in seen:
-                seen.add(k)
-                e = next(x for x in errors if x["rank"] == k)
-                k = waits[k]
-            at = ", ".join(f"{f} {e[f]}" for f in ("stage", "frame") if e.get(f) is not None)
-            where = f"rank {e['rank']} on {e['host']}{' (' + at + ')' if at else ''}"
-            host = next((r["host"] for r in _ranks(split_dir) if r["rank"] == k), "?")
-            raise DistributedError(f"rank {k} on {host} stopped answering (cut off, hung or too slow): {where} "
-                                   f"{e['error']}")
-        raise DistributedError(f"{where}: {e['error']}")
+        raise DistributedError(_explain(errors, split_dir))
     summary = next((_report(line, SUMMARY) for line in stdout.splitlines() if SUMMARY in line), None)
     if proc.returncode != 0 or summary is None or summary.get("frames") != frames:
         got = "no summary" if summary is None else f"{summary.get('frames')} of {frames} frames"
         raise DistributedError(f"mpirun exited {proc.returncode} with {got}: {_who_died(stderr, split_dir)}")
     return Result(summary, seconds, cmd)
+
+
+def _where(e: dict) -> str:
+    at = ", ".join(f"{k} {e[k]}" for k in ("stage", "frame") if e.get(k) is not None)
+    return f"rank {e['rank']} on {e['host']}{' (' + at + ')' if at else ''}"
+
+
+def _explain(errors: list[dict], split_dir: Path) -> str:
+    """One line from the ranks' failure reports: a rank's own failure first; a peer ULFM reported lost; else,
+    following who waited on whom, the rank that stopped answering."""
+    e = next((x for x in errors if not x["error"].startswith("lost rank")), errors[0])
+    lost = re.match(r"lost rank (\d+) \((\S+)\)", e["error"])
+    if lost:
+        return (f"rank {lost.group(1)} on {lost.group(2)} failed (killed, exited or cut off): {_where(e)} lost it: "
+                f"{e['error']}")
+    waits = {x["rank"]: int(m.group(1)) for x in errors
+             if (m := re.match(r"waited \S+ s for .* from rank (\d+)$", x["error"]))}
+    if e["rank"] not in waits:
+        return f"{_where(e)}: {e['error']}"
+    k, seen = waits[e["rank"]], {e["rank"]}
+    while k in waits and k not in seen:
+        seen.add(k)
+        e = next(x for x in errors if x["rank"] == k)
+        k = waits[k]
+    host = next((r["host"] for r in _ranks(split_dir) if r["rank"] == k), "?")
+    return f"rank {k} on {host} stopped answering (cut off, hung or too slow): {_where(e)} {e['error']}"
 
 
 def _ranks(split_dir: Path) -> list[dict]:
