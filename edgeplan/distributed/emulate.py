@@ -174,7 +174,7 @@ def down(name: str) -> list[str]:
                 os.kill(int(pid), signal.SIGKILL)
             except (ProcessLookupError, ValueError):
                 pass
-        if _sh("ip", "netns", "del", h["netns"], check=False) == "" and h["netns"]:
+        if subprocess.run(["ip", "netns", "del", h["netns"]], capture_output=True).returncode == 0:
             removed.append(h["netns"])
         if os.path.exists(h["uts"]):
             _sh("umount", h["uts"], check=False)
@@ -194,8 +194,8 @@ def down(name: str) -> list[str]:
     if state.get("root_veth"):
         _sh("ip", "link", "del", state["root_veth"], check=False)
     if state.get("bridge"):
-        _sh("ip", "netns", "del", state["bridge"], check=False)
-        removed.append(state["bridge"])
+        if subprocess.run(["ip", "netns", "del", state["bridge"]], capture_output=True).returncode == 0:
+            removed.append(state["bridge"])
     for extra in ("agent", "platform.txt", "state.json.tmp"):
         (d / extra).unlink(missing_ok=True)
     f.unlink()

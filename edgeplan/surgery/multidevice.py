@@ -136,16 +136,20 @@ def tables(graph: TfliteGraph, view: GraphView, units: Units, mapping: Mapping, 
     """Sender and receiver tables (Fig. 2's, by MPI rank) and, per buffer, what both sides need."""
     name = {ix: graph.tensors[ix].name for ix in range(len(graph.tensors))}
     float_of = {ix: t for t, ix in units.int8_tensor.items()}
-    made_by = {o: s.rank for s in stage_list for o in s.outputs}
     model_in, model_out = graph.inputs[0], graph.outputs[0]
-    made_by[model_in] = HEAD
+    made_by = {model_in: (-1, HEAD)}  # tensor -> (stage making it, its rank); the head feeds the input
+    readers: dict[int, set[int]] = {model_out: {HEAD}}  # tensor -> ranks reading it; the head takes the output
+    for s in stage_list:
+        made_by.update((o, (s.index, s.rank)) for o in s.outputs)
+        for i in s.inputs:
+            readers.setdefault(i, set()).add(s.rank)
     buffers: dict[str, dict] = {}
-    for ix in sorted({*made_by}, key=lambda i: (min([s.index for s in stage_list if i in s.outputs], default=-1), i)):
-        readers = sorted({s.rank for s in stage_list if ix in s.inputs} | ({HEAD} if ix == model_out else set()))
-        remote = [r for r in readers if r != made_by[ix]]
+    for ix in sorted(made_by, key=lambda i: (made_by[i][0], i)):
+        sender = made_by[ix][1]
+        remote = sorted(readers.get(ix, set()) - {sender})
         if remote:
             buffers[name[ix]] = {"tag": len(buffers), **_detail(graph, ix), "float": float_of.get(ix),
-                                 "sender": made_by[ix], "receivers": remote}
+                                 "sender": sender, "receivers": remote}
     sender: dict[str, dict] = {str(r): {} for r in range(len(mapping.keys))}
     receiver: dict[str, dict] = {str(r): {} for r in range(len(mapping.keys))}
     for b, d in buffers.items():
@@ -161,7 +165,7 @@ def tables(graph: TfliteGraph, view: GraphView, units: Units, mapping: Mapping, 
         "head": HEAD,
         "input": {"name": name[model_in], **_detail(graph, model_in), "float": view.input.name},
         "output": {"name": name[model_out], **_detail(graph, model_out), "float": view.output.name,
-                   "rank": made_by[model_out]},
+                   "rank": made_by[model_out][1]},
         "ranks": ranks,
         "stages": [{"index": s.index, "rank": s.rank, "int8": f"int8/s{s.index}.tflite",
                     "float": f"float/s{s.index}.onnx", "inputs": [name[i] for i in s.inputs],
