@@ -32,6 +32,7 @@ Keys (ratios and errors are fractions):
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -67,14 +68,14 @@ def steady_fps(summary: dict, skip: int) -> float:
     return (len(done) - 1 - skip) / (done[-1] - done[skip])
 
 
-def run_point(d: Path, us, mapping: dict, plat, out: Path, frames: int, xs: np.ndarray, want: np.ndarray,
+def run_point(prep: dict, mapping: dict, plat, out: Path, frames: int, xs: np.ndarray, want: np.ndarray,
               emulated: str) -> dict:
     from edgeplan.distributed import emulate, launch
     from edgeplan.plan.multidevice import spec
     from edgeplan.surgery import multidevice
 
-    m = spec.parse_mapping(mapping, plat, us)
-    multidevice.split(d, us, m, plat, out, xs=_float_inputs(d))
+    us = prep["units"]
+    multidevice.split(prep["dir"], us, spec.parse_mapping(mapping, plat, us), plat, out, xs=prep["float_inputs"])
     np.save(out / "x.npy", xs[:frames])
     r = launch.run(out, frames=frames, timeout_s=900, deadline_s=120, mpi_args=emulate.mpi_args(emulated),
                    extra=["--inputs", str(out / "x.npy"), "--out", str(out / "y.npy"), "--window", "4"])
@@ -97,6 +98,18 @@ def _float_inputs(d: Path) -> np.ndarray:
     return np.random.default_rng(0).normal(size=(2, *view.shape(view.input.name)[1:])).astype(np.float32)
 
 
+def _frames(graph, frames: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random int8 frames and the whole int8 model's outputs for them (XNNPACK, as the ranks run)."""
+    from edgeplan.quantize import litert
+    from edgeplan.runtime.stream import invoke_named
+
+    whole = litert.interpreter(graph.data, deterministic=False)
+    t = graph.tensors[graph.inputs[0]]
+    xs = litert.random_value((frames, *t.shape), np.int8, np.random.default_rng(seed))
+    out = graph.tensors[graph.outputs[0]].name
+    return xs, np.stack([invoke_named(whole, {t.name: x})[out] for x in xs])
+
+
 def check_links(state: dict) -> dict:
     from edgeplan.distributed import emulate
 
@@ -112,12 +125,13 @@ def check_links(state: dict) -> dict:
     return rates
 
 
-def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: int, generations: int) -> dict:
+def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: int, generations: int
+                ) -> tuple[dict, dict]:
+    """The model's figures, and what was prepared for it (directory, graph, units, costs, float inputs), which the
+    2-device speedup reuses."""
     from edgeplan.pipeline.multidevice import find_units
     from edgeplan.plan.multidevice import costs, explore, spec
-    from edgeplan.quantize import litert
     from edgeplan.quantize.tflite_graph import TfliteGraph
-    from edgeplan.runtime.stream import invoke_named
     from edgeplan.surgery import multidevice
 
     d = compiled(work, zoo, log, also=(REPO / ".edgeplan" / "bench" / "flashmem",
@@ -135,8 +149,9 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
     for pos, u in enumerate(order):
         doc[keys[min(len(keys) - 1, pos * len(keys) // len(order))]] += list(us.units[u].names)
     doc = {k: v for k, v in doc.items() if v}
+    xf = _float_inputs(d)
     summary = multidevice.split(d, us, spec.parse_mapping(doc, p24, us), p24, work / "runs" / zoo / "split24",
-                                xs=_float_inputs(d))
+                                xs=xf)
     res["units"] = len(us.units)
     res["front_end_s"] = t_units + summary["split_s"]
     res["back_end_s"] = summary["total_s"] - summary["split_s"]
@@ -147,6 +162,7 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
     t0 = time.perf_counter()
     c = costs.measure(graph, us, order, cores=1)
     res["profile_s"] = time.perf_counter() - t0
+    prep = {"dir": d, "graph": graph, "units": us, "costs": c, "float_inputs": xf}
     front, stats = explore.explore(c, us, plat8, generations=generations)
     res["nsga"] = stats
     log(f"{name}: NSGA-II {stats['seconds']:.1f} s, {len(front)} Pareto points")
@@ -154,15 +170,11 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
     picks = sorted({round(q * (len(front) - 1)) for q in np.linspace(0, 1, 5)}
                    | {int(np.argmin([p.memory_bytes for p in front]))})
     single = explore.single_device(c, us, plat8)
-    whole = litert.interpreter(graph.data, deterministic=False)
-    rng = np.random.default_rng(3)
-    t = graph.tensors[graph.inputs[0]]
-    xs = rng.integers(-128, 127, (frames, *t.shape), endpoint=True).astype(np.int8)
-    want = np.stack([invoke_named(whole, {t.name: x})[graph.tensors[graph.outputs[0]].name] for x in xs])
+    xs, want = _frames(graph, frames, seed=3)
     res["points"] = []
     for k, pick in enumerate([*picks, "single"]):
         p = single if pick == "single" else front[pick]
-        m = run_point(d, us, p.mapping, plat8, work / "runs" / zoo / f"p{k}", frames, xs, want, NAME)
+        m = run_point(prep, p.mapping, plat8, work / "runs" / zoo / f"p{k}", frames, xs, want, NAME)
         row = {"point": pick, "predicted_fps": 1 / p.period_s, "predicted_memory_bytes": p.memory_bytes,
                "energy_j_modelled": p.energy_j, "keys": list(p.mapping), **m}
         row["error"] = abs(m["fps"] - row["predicted_fps"]) / m["fps"]
@@ -175,36 +187,25 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
     above = [p - b for p, b in zip(minmem["peak_rss_bytes"], minmem["base_rss_bytes"])]
     res["memory_ratio_above_base"] = max(above) / (one["peak_rss_bytes"][0] - one["base_rss_bytes"][0])
     res["costs"] = c.to_json()
-    return res
+    return res, prep
 
 
-def speedup(name: str, zoo: str, work: Path, params: dict, frames: int) -> dict:
-    """2 devices x 1 core (quota 1.0) vs 1 device: the balanced 2-device point of the exploration."""
+def speedup(prep: dict, work: Path, frames: int) -> dict:
+    """2 devices x 1 core (quota 1.0) vs 1 device: the fastest 2-device point of the exploration over the unit
+    times already measured for the model."""
     from edgeplan.distributed import emulate
-    from edgeplan.pipeline.multidevice import find_units
-    from edgeplan.plan.multidevice import costs, explore, spec
-    from edgeplan.quantize import litert
-    from edgeplan.quantize.tflite_graph import TfliteGraph
-    from edgeplan.runtime.stream import invoke_named
-    from edgeplan.surgery import multidevice
+    from edgeplan.plan.multidevice import explore, spec
 
-    d = compiled(work, zoo, log)
-    graph = TfliteGraph((d / "model_int8.tflite").read_bytes())
-    us = find_units(d, params)
-    order = multidevice.unit_order(us)
+    us, c, zoo = prep["units"], prep["costs"], prep["dir"].parent.name
     emulate.down(NAME + "-2")
     plat = emulate.up(NAME + "-2", spec.parse_text(platform_text(2, 1.0), "p2"), subnet="10.215.0.0/24")
     try:
-        c = costs.measure(graph, us, order, cores=1)
         front, _ = explore.explore(c, us, plat, generations=100)
         best = min((p for p in front if len(p.mapping) == 2), key=lambda p: p.period_s)
         single = explore.single_device(c, us, plat)
-        whole = litert.interpreter(graph.data, deterministic=False)
-        t = graph.tensors[graph.inputs[0]]
-        xs = np.random.default_rng(4).integers(-128, 127, (frames, *t.shape), endpoint=True).astype(np.int8)
-        want = np.stack([invoke_named(whole, {t.name: x})[graph.tensors[graph.outputs[0]].name] for x in xs])
-        two = run_point(d, us, best.mapping, plat, work / "runs" / zoo / "two", frames, xs, want, NAME + "-2")
-        one = run_point(d, us, single.mapping, plat, work / "runs" / zoo / "one", frames, xs, want, NAME + "-2")
+        xs, want = _frames(prep["graph"], frames, seed=4)
+        two = run_point(prep, best.mapping, plat, work / "runs" / zoo / "two", frames, xs, want, NAME + "-2")
+        one = run_point(prep, single.mapping, plat, work / "runs" / zoo / "one", frames, xs, want, NAME + "-2")
         share = max(two["cpu_share"])  # the bottleneck rank wants a whole core all the time: did it get it?
         return {"value": two["fps"] / one["fps"], "two": two, "one": one, "predicted": single.period_s / best.period_s,
                 "bottleneck_cpu_share": share, "valid": share >= 0.9}
@@ -218,6 +219,9 @@ def failures(out: Path) -> dict:
 
     st = emulate.load(NAME)
     rows = {}
+    # the host of rank 1: a host the split uses (a Pareto point need not use every device)
+    victim = json.loads((out / "tables.json").read_text())["ranks"][1]["device"]
+    port = next(h["bridge_port"] for h in st["hosts"] if h["device"] == victim)
 
     def left() -> int:
         r = subprocess.run(["pgrep", "-f", "edgeplan.distributed.rank|prted"], capture_output=True, text=True)
@@ -228,7 +232,7 @@ def failures(out: Path) -> dict:
     def cut():
         time.sleep(8.0)
         cut_at.append(time.perf_counter())
-        subprocess.run(["ip", "-n", st["bridge"], "link", "set", "b1", "down"], check=True)
+        subprocess.run(["ip", "-n", st["bridge"], "link", "set", port, "down"], check=True)
 
     th = threading.Thread(target=cut)
     th.start()
@@ -240,7 +244,7 @@ def failures(out: Path) -> dict:
         rows["link_cut"] = {"detect_s": detect, "error": str(e), "orphans": left()}
     finally:
         th.join()
-        subprocess.run(["ip", "-n", st["bridge"], "link", "set", "b1", "up"], check=True)
+        subprocess.run(["ip", "-n", st["bridge"], "link", "set", port, "up"], check=True)
     t0 = time.perf_counter()
     try:
         launch.run(out, frames=40, timeout_s=120, deadline_s=3, mpi_args=emulate.mpi_args(NAME),
@@ -292,15 +296,16 @@ def main() -> int:
     plat8 = emulate.up(NAME, spec.parse_text(platform_text(DEVICES, QUOTA), "platform"))
     try:
         result["links_bytes_per_s"] = check_links(emulate.load(NAME))
+        prepared = {}
         for name in wanted:
-            result["models"][name] = bench_model(name, MODELS[name], args.work, params, plat8, args.frames,
-                                                 args.generations)
+            result["models"][name], prepared[name] = bench_model(name, MODELS[name], args.work, params, plat8,
+                                                                 args.frames, args.generations)
         first = next(iter(result["models"].values()))
         result["failures"] = failures(args.work / "runs" / first["zoo"] / "p0")
     finally:
         emulate.down(NAME)
-    result["speedup"] = {n: speedup(n, MODELS[n], args.work, params, args.frames)
-                         for n in ("VGG-19", "ResNet-101") if n in wanted}
+    result["speedup"] = {n: speedup(prepared[n], args.work, args.frames) for n in ("VGG-19", "ResNet-101")
+                         if n in wanted}
     ms = result["models"]
     errs = [p["error"] for m in ms.values() for p in m["points"] if p["point"] != "single"]
     result["int8_identical"] = min(p["identical"] for m in ms.values() for p in m["points"])
