@@ -14,20 +14,18 @@ def cmd_units(args, params) -> int:
     root = Path(args.artifact_dir)
     us = find_units(root, params)
     graph = TfliteGraph((root / "model_int8.tflite").read_bytes())
+    rows = [{"unit": u.index, "layers": list(u.names), "int8_ops": [graph.ops[o].name for o in u.ops],
+             "macs": sum(graph.op_macs[o] for o in u.ops),
+             "int8_param_bytes": sum(graph.op_param_bytes[o] for o in u.ops)} for u in us.units]
     if args.json:
-        out.print_json(json.dumps([{"unit": u.index, "layers": list(u.names), "int8_ops": [graph.ops[o].name for o in u.ops],
-                                    "macs": sum(graph.op_macs[o] for o in u.ops),
-                                    "int8_param_bytes": sum(graph.op_param_bytes[o] for o in u.ops)}
-                                   for u in us.units]))
+        out.print_json(json.dumps(rows))
         return 0
     t = table(f"Units of {root}: the layers a mapping must keep together (one int8 op or fused run each)",
               ("unit", "layers", "int8 ops", "MMACs", "params KB"), right=("unit", "MMACs", "params KB"))
-    for u in us.units:
-        names = ", ".join(u.names)
-        t.add_row(str(u.index), names if len(names) < 60 else names[:57] + "...",
-                  " ".join(graph.ops[o].name for o in u.ops),
-                  f"{sum(graph.op_macs[o] for o in u.ops) / 1e6:.1f}",
-                  f"{sum(graph.op_param_bytes[o] for o in u.ops) / 1e3:.1f}")
+    for r in rows:
+        names = ", ".join(r["layers"])
+        t.add_row(str(r["unit"]), names if len(names) < 60 else names[:57] + "...", " ".join(r["int8_ops"]),
+                  f"{r['macs'] / 1e6:.1f}", f"{r['int8_param_bytes'] / 1e3:.1f}")
     out.print(t)
     out.print(f"{len(us.units)} units of {sum(len(u.names) for u in us.units)} layers; a mapping is JSON "
               "{\"<device>_<arch><cores>\": \\[layer, ...], ...} (README: One model over several devices)", highlight=False)
