@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import re
 import socket
 import sys
@@ -29,6 +30,7 @@ import numpy as np
 
 ERROR = "EDGEPLAN-RANK-ERROR"
 SUMMARY = "EDGEPLAN-MPI-SUMMARY"
+MAX_BUFFER_BYTES = 1 << 31  # one tensor between ranks; a larger one in tables.json is refused before allocating
 _STAGE_FILE = re.compile(r"^int8/s\d{1,6}\.tflite$")
 _DTYPES = {"INT8": np.int8, "UINT8": np.uint8, "INT16": np.int16, "INT32": np.int32, "FLOAT32": np.float32}
 
@@ -56,6 +58,10 @@ def load_tables(d: Path, size: int) -> tuple[dict, str]:
                     and b["dtype"] in _DTYPES and all(isinstance(x, int) and 0 < x < 1 << 31 for x in b["shape"])
                     and isinstance(b["tag"], int) and 0 <= b["tag"] < 32767):
                 raise RankError(f"tables.json buffer {name!r}: bad sender, receivers, dtype, shape or tag")
+            size_bytes = math.prod(b["shape"]) * np.dtype(_DTYPES[b["dtype"]]).itemsize
+            if size_bytes != b.get("nbytes") or size_bytes > MAX_BUFFER_BYTES:
+                raise RankError(f"tables.json buffer {name!r}: shape {b['shape']} is {size_bytes} bytes, its nbytes "
+                                f"says {b.get('nbytes')!r} (at most {MAX_BUFFER_BYTES} allowed)")
         for side in ("input", "output"):
             if t[side]["dtype"] not in _DTYPES or not all(isinstance(x, int) and x > 0 for x in t[side]["shape"]):
                 raise RankError(f"tables.json {side}: bad dtype or shape")

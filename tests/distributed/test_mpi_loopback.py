@@ -104,3 +104,23 @@ def test_the_hard_deadline_kills_everything(split):
         launch.run(out, frames=20, timeout_s=4, deadline_s=60, extra=["--fault", "1:2:hang"])
     assert time.perf_counter() - t0 < 10
     assert not _ranks_left()
+
+
+@pytest.mark.parametrize("edit,says", [
+    (lambda t: t["stages"][1].update(int8="../../../etc/passwd"), r"stage 1: bad index, rank or file "
+                                                                   r"'\.\./\.\./\.\./etc/passwd'"),
+    (lambda t: next(iter(t["buffers"].values())).update(shape=[1 << 30, 1 << 30]), r"is 1152921504606846976 bytes"),
+])
+def test_a_malformed_tables_json_is_refused_before_any_frame(split, tmp_path, edit, says):
+    import shutil
+
+    _, out = split
+    bad = tmp_path / "md"
+    shutil.copytree(out, bad)
+    t = json.loads((bad / "tables.json").read_text())
+    edit(t)
+    (bad / "tables.json").write_text(json.dumps(t))
+    with pytest.raises(launch.DistributedError, match=rf"^rank \d on \S+: tables.json .*{says}"):
+        launch.run(bad, frames=4, timeout_s=60, extra=["--out", str(tmp_path / "y.npy")])
+    assert not (tmp_path / "y.npy").exists() and not _ranks_left()
+    assert sorted(p.name for p in bad.iterdir()) == sorted(p.name for p in out.iterdir())  # nothing added or lost
