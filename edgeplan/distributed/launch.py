@@ -5,8 +5,8 @@ ranks (``btl tcp,self``), no tree spawn (a tree of ssh daemons orphans processes
 keepalive (2 s idle, 1 s apart, 3 probes: a cut link ends the job in seconds instead of hanging it), every
 rank under ``python -m mpi4py`` (an uncaught exception aborts the job instead of hanging it), ULFM on (a rank
 that dies is named by the survivors that lose it). Under a hard
-deadline: past it, or 3 s after a rank reports a failure (mpirun hangs when a rank aborts while a host is cut
-off), the whole process group is killed. The error names the rank, host,
+deadline: past it, or 3 s (at least a rank's deadline + 1 s) after a rank reports a failure (mpirun hangs when a
+rank aborts while a host is cut off), the whole process group is killed. The error names the rank, host,
 stage and frame a rank reported (``EDGEPLAN-RANK-ERROR``), else mpirun's own last words. Success means
 mpirun exited 0 *and* the head reported every frame (mpirun 5 once exited 0 after losing a daemon).
 """
@@ -28,7 +28,8 @@ from edgeplan.errors import EdgeplanError
 
 ERROR = "EDGEPLAN-RANK-ERROR"
 SUMMARY = "EDGEPLAN-MPI-SUMMARY"
-GRACE_S = 3.0  # after a rank reports a failure, how long mpirun gets to end the job before it is killed
+GRACE_S = 3.0  # after a rank reports a failure, how long mpirun gets to end the job before it is killed (at
+# least a rank's deadline + 1 s: a rank whose deadline passed waits one more before aborting, for the others' reports)
 
 
 class DistributedError(EdgeplanError):
@@ -169,7 +170,7 @@ def run(split_dir: Path, *, frames: int, timeout_s: float, deadline_s: float = 3
                 fresh, scanned = err[scanned:], len(err)  # only the lines that came since the last look
                 if any(ERROR in line or "lost communication with a remote daemon" in line for line in fresh):
                     failed_at = now
-            if failed_at is not None and now - failed_at > GRACE_S:
+            if failed_at is not None and now - failed_at > max(GRACE_S, deadline_s + 1.0):
                 break  # a rank failed and the job is not ending: mpirun hangs on an abort during a partition
             time.sleep(0.05)
     finally:  # nothing outlives the job on this host, whatever happened (a rank mpirun lost track of included)

@@ -334,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{ERROR} " + json.dumps({"rank": rank, "host": socket.gethostname(), **where,
                                         "error": f"{type(e).__name__}: {e}" if not isinstance(e, RankError) else str(e)}),
               file=sys.stderr, flush=True)
+        if isinstance(e, RankError) and str(e).startswith("waited "):
+            # a deadline says only whom this rank waited on; the ranks waiting further up the chain report within
+            # about one deadline, and an abort now would kill them first (the launcher ends the job after that)
+            time.sleep(args.deadline)
         comm.Abort(1)
         return 1
 
