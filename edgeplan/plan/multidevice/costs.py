@@ -51,7 +51,8 @@ class Costs:
                    d["input_bytes"], d["output_bytes"], d["cores"])
 
 
-def _time(data: bytes, threads: int, repeats: int) -> float:
+def invoke_ms(data: bytes, threads: int, repeats: int) -> float:
+    """Median ms of one invoke of the TFLite model ``data`` on ``threads`` threads (zero inputs, after a warm-up)."""
     it = litert.interpreter(data, deterministic=False, threads=threads)
     for d in it.get_input_details():
         it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
@@ -67,7 +68,7 @@ def measure(graph: TfliteGraph, units: Units, order: list[int], cores: int, repe
     ms = np.zeros((len(order), 2))
     for k, u in enumerate(order):
         data = cut_ops(graph, list(units.units[u].ops), f"u{u}")
-        ms[k] = [_time(data, 1, repeats), _time(data, cores, repeats)]
+        ms[k] = [invoke_ms(data, 1, repeats), invoke_ms(data, cores, repeats)]
         progress(k + 1, len(order))
     # the cost of an invoke that does almost nothing: the cheapest unit's floor, at most 50 us
     trivial = min(float(ms.min()), 0.05)

@@ -1,0 +1,135 @@
+"""The partitionable region of a model: its layers from the input along one path, as ADaPS partitions them.
+
+A layer is one Type 1 op (Table 2) and the single-input Type 2 ops after it (a leading Type 2 op is a layer
+of its own with the identity window). The region ends — everything after runs on one device once the
+partitions are gathered — at the first Type 3 op, at an op the table does not know, and (until path analysis,
+§4.2, splits multi-path blocks into single-entry, single-exit sub-blocks) at the first tensor read by more than
+one op or op reading two computed tensors. ``Region.reason`` says which, naming the op.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import onnx
+
+from edgeplan.errors import PlanError
+from edgeplan.graph.model import GraphView
+from edgeplan.plan.spatial.cost import Layer
+from edgeplan.plan.spatial.intervals import Window
+from edgeplan.plan.spatial.ops import TYPE1, TYPE2, onnx_type
+
+AXES = {"H": 2, "W": 3}  # NCHW
+
+
+@dataclass(frozen=True)
+class Region:
+    dim: str
+    layers: tuple[Layer, ...]
+    nodes: tuple[tuple[str, ...], ...]  # per layer, the ONNX nodes it runs
+    output: str  # the tensor gathered at the region's end
+    reason: str  # why the region ends there
+
+
+def _attr(node: onnx.NodeProto, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def window(node: onnx.NodeProto, view: GraphView, dim: str) -> Window:
+    """The node's window along ``dim`` (explicit pads or SAME/VALID auto_pad, strides, dilations)."""
+    i = AXES[dim] - 2
+    in_size = view.shape(node.input[0])[AXES[dim]]
+    out_size = view.shape(node.output[0])[AXES[dim]]
+    if node.op_type == "Conv":
+        kernel = view.shape(node.input[1])[AXES[dim]]
+    else:
+        kernel = _attr(node, "kernel_shape")[i]
+    stride = (_attr(node, "strides") or [1, 1])[i]
+    dilation = (_attr(node, "dilations") or [1, 1])[i]
+    auto_pad = _attr(node, "auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        return Window.same(kernel, stride, in_size, dilation, lower=auto_pad == "SAME_LOWER")
+    pads = _attr(node, "pads") or [0, 0, 0, 0]
+    begin, end = pads[i], pads[i + 2]
+    if _attr(node, "ceil_mode", 0):  # the last window may start inside the end padding
+        end += stride - 1
+    return Window(kernel, stride, dilation, begin, end, in_size, out_size)
+
+
+def _work(node: onnx.NodeProto, view: GraphView, macs: int) -> int:
+    """A node's work in MACs: its multiply-accumulates, or one per output element per window tap (pooling),
+    or one per output element (element-wise)."""
+    if macs:
+        return macs
+    out = math.prod(view.shape(node.output[0]))
+    if node.op_type in ("MaxPool", "AveragePool"):
+        return out * math.prod(_attr(node, "kernel_shape"))
+    return out
+
+
+def region(view: GraphView, dim: str = "H") -> Region:
+    """The partitionable layers from the model's input (see the module docstring)."""
+    if dim not in AXES:
+        raise PlanError(f"dimension {dim!r}: partition along H or W")
+    nodes = view.graph.node
+    tensor = view.input.name
+    if len(view.shape(tensor)) != 4:
+        raise PlanError(f"input {tensor!r} has shape {view.shape(tensor)}: spatial partitioning needs NCHW")
+    if view.shape(tensor)[AXES[dim]] == 1:
+        raise PlanError(f"input {tensor!r} is 1 wide along {dim}: nothing to split")
+    layers: list[Layer] = []
+    groups: list[list[str]] = []
+    current: dict | None = None
+    reason = "the model's output"
+
+    def close() -> None:
+        if current is not None:
+            layers.append(Layer(current["name"], current["window"], current["macs"], current["in_row"],
+                                current["out_row"](tensor)))
+            groups.append(current["nodes"])
+
+    def row_bytes(name: str) -> int:
+        shape = view.shape(name)
+        return math.prod(shape) // shape[AXES[dim]]
+
+    while tensor != view.output.name:
+        readers = view.consumers.get(tensor, [])
+        if len(readers) != 1:
+            reason = f"{tensor!r} is read by {len(readers)} ops (path analysis of multi-path blocks: not yet)"
+            break
+        node = nodes[readers[0]]
+        kind = onnx_type(node.op_type)
+        label = f"{node.op_type} {node.name!r}"
+        computed = [x for x in node.input if x and x not in view.initializers]
+        if kind is None:
+            reason = f"{label} is not in ADaPS Table 2"
+            break
+        if kind not in (TYPE1, TYPE2):
+            reason = f"{label} is Type 3"
+            break
+        if len(computed) != 1:
+            reason = f"{label} joins {len(computed)} computed tensors (path analysis: not yet)"
+            break
+        if len(view.shape(node.output[0])) != 4:
+            reason = f"{label} does not keep the NCHW layout"
+            break
+        work = _work(node, view, view.node_macs[readers[0]])
+        if kind == TYPE1 or current is None:
+            close()
+            w = window(node, view, dim) if kind == TYPE1 else Window.identity(view.shape(tensor)[AXES[dim]])
+            current = {"name": node.name or node.output[0], "window": w, "macs": 0, "in_row": row_bytes(tensor),
+                       "out_row": row_bytes, "nodes": []}
+        current["macs"] += work
+        current["nodes"].append(node.name)
+        tensor = node.output[0]
+    close()
+    if not layers:
+        raise PlanError(f"no layer of the model can be partitioned along {dim}: {reason}")
+    for x in layers:
+        if x.out_size < 2:
+            raise PlanError(f"layer {x.name!r} is {x.out_size} wide along {dim}: nothing to split")
+    return Region(dim, tuple(layers), tuple(tuple(g) for g in groups), tensor, reason)

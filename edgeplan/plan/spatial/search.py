@@ -1,0 +1,248 @@
+"""ADaPS search (§4.5): one layer's ordered tree with alpha-beta pruning and memoised sub-trees, and the layer
+recursion of eq. (12) over a chain of layers.
+
+The tree (§4.5.1, Fig. 4) has one level per device; a node picks that device's interval. Children are ordered
+so that scores grow from left to right: starts from "no row shared with the previous device" towards more
+shared rows, and for each start growing sizes. The search is depth first (§4.5.2). A node's bound is what its
+partial partition already costs — the slowest device so far (or the least the remaining devices must take,
+at their minimum sizes), plus the data and overlap terms so far — and a node whose bound is no better than
+the best leaf found is cut with all its larger siblings (Fig. 6): for a fixed start, the time, the input rows
+needed and so the bound only grow with the size. Sub-trees are memoised (§4.5.3): what follows a device ending
+at row ``e`` depends only on ``e`` and the slowest time so far, so a sub-tree met again with those values is
+not searched again (an exact value, or a bound no better than the one that cut it); once the slowest so far
+is below what the remaining devices must take anyway, it is dropped from the key.
+
+The counters are counted, never estimated: ``scored`` nodes (the "visited" of Table 6), memo hits, and pruned
+sub-trees.
+
+Over layers (§4.5.2, eq. (12)) each layer's tree reads the previous layer's partition (the data its input
+needs). A forward pass picks each layer's best given the one before; then sweeps revisit each layer given
+both neighbours — the rows it needs from the previous one, and the rows the next one would then need from it
+— and keep a revision when the total score drops, until a sweep changes nothing. This is how a later layer
+makes an earlier one widen its rows (overlap) to fuse with it. Like the paper's, the result is not guaranteed
+optimal: ``oracle`` holds exact searches to measure the gap.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+
+from edgeplan.plan.spatial.cost import (
+    Device,
+    Layer,
+    LayerCost,
+    Partition,
+    Space,
+    network_score,
+    next_data,
+)
+
+
+@dataclass
+class Counters:
+    scored: int = 0
+    memo_hits: int = 0
+    pruned: int = 0
+
+    def add(self, other: Counters) -> None:
+        self.scored += other.scored
+        self.memo_hits += other.memo_hits
+        self.pruned += other.pruned
+
+
+def _rest_floor(cost: LayerCost, space: Space) -> list[list[float]]:
+    """``floor[d][r]``: the least time in which devices ``d..`` can compute ``r`` more rows — each at least its
+    minimum size, at most its maximum — a bound on the slowest of them that no completion beats."""
+    n, m = space.devices, space.size
+    floor = [[0.0] * (m + 1) for _ in range(n + 1)]
+    for d in range(n):
+        devs = range(d, n)
+        least = max(cost.comp(k, 0, space.lo[k]) for k in devs)
+        limits = sorted({cost.comp(k, 0, rows) for k in devs for rows in range(space.lo[k], space.hi[k] + 1)})
+        limits = [x for x in limits if x >= least]
+        row = floor[d]
+        r = 0
+        for limit in limits:
+            cap = sum(min(space.hi[k], int((limit - cost.fixed_s[k]) / cost.row_s[k] + 1e-9)) for k in devs)
+            while r <= min(cap, m):
+                row[r] = limit
+                r += 1
+        for rest in range(r, m + 1):
+            row[rest] = math.inf  # more rows than the devices can take
+    return floor
+
+
+class LayerTree:
+    """The best partition of one layer given who holds its input (``holder``) and, optionally, the next
+    layer's partition (``following``, with that layer's cost ``nxt``), whose input rows this layer provides."""
+
+    def __init__(self, cost: LayerCost, space: Space, holder: Partition | None, *,
+                 nxt: LayerCost | None = None, following: Partition | None = None,
+                 counters: Counters | None = None):
+        self.cost, self.space, self.holder = cost, space, holder
+        self.nxt, self.following = nxt, following
+        self.counters = counters if counters is not None else Counters()
+        self.rest_floor = _rest_floor(cost, space)
+        self.memo: dict[tuple[int, int, float], tuple[float, Partition | None]] = {}
+
+    def search(self, beta: float = math.inf) -> tuple[float, Partition] | None:
+        """The best score and partition, or None when nothing scores below ``beta``."""
+        value, tail = self._best(0, 0, 0.0, beta)
+        return (value, tail) if tail is not None else None
+
+    def _best(self, d: int, e_prev: int, slowest: float, beta: float) -> tuple[float, Partition | None]:
+        """Least ``max(slowest, rest) + additive rest`` over completions from device ``d``: exact with its tail when
+        below ``beta``, else ``(beta, None)`` — a bound."""
+        if slowest <= self.rest_floor[d][self.space.size - e_prev]:
+            slowest = 0.0  # the rest is slower whatever it picks: the slowest so far no longer matters
+        key = (d, e_prev, slowest)
+        hit = self.memo.get(key)
+        if hit is not None and (hit[1] is not None or hit[0] >= beta):
+            self.counters.memo_hits += 1
+            return hit
+        cost, space, c = self.cost, self.space, self.counters
+        last = d == space.devices - 1
+        best, best_tail = math.inf, None
+        for s in space.starts(d, e_prev):
+            shared = cost.shared(d, e_prev - s) if d else 0.0
+            if d:  # a start node: more shared rows only cost more, and the rows left stay at least M - e_prev
+                c.scored += 1
+                if shared + max(slowest, self.rest_floor[d][space.size - e_prev]) >= min(beta, best):
+                    c.pruned += 1
+                    break
+            for e in space.ends(d, s):
+                if not space.feasible(d + 1, e):
+                    continue
+                c.scored += 1
+                t = max(slowest, cost.comp(d, s, e))
+                add = shared + cost.data(d, s, e, self.holder)
+                bound = min(beta, best)
+                if add + t >= bound:  # grows with e: cut the larger siblings too
+                    c.pruned += 1
+                    break
+                if self.following is not None:
+                    add += next_data(self.nxt, d, s, e, self.following)
+                if add + max(t, self.rest_floor[d + 1][space.size - e]) >= bound:
+                    c.pruned += 1
+                    continue
+                if last:
+                    value, tail = add + t, ((s, e),)
+                else:
+                    rest, rest_tail = self._best(d + 1, e, t, bound - add)
+                    if rest_tail is None:
+                        continue
+                    value, tail = add + rest, ((s, e), *rest_tail)
+                if value < best:
+                    best, best_tail = value, tail
+        result = (best, best_tail) if best < beta else (beta, None)
+        self.memo[key] = result
+        return result
+
+
+    def best_k(self, k: int) -> list[tuple[float, Partition]]:
+        """The ``k`` best partitions, best first: the same tree and bounds against the k-th best so far
+        (no memo: a memoised sub-tree keeps only its best completion)."""
+        space, cost, c = self.space, self.cost, self.counters
+        found: list[tuple[float, Partition]] = []  # a max-heap by negated score
+
+        def limit() -> float:
+            return -found[0][0] if len(found) == k else math.inf
+
+        def walk(d: int, e_prev: int, slowest: float, acc: float, head: Partition) -> None:
+            for s in space.starts(d, e_prev):
+                shared = acc + (cost.shared(d, e_prev - s) if d else 0.0)
+                if d:
+                    c.scored += 1
+                    if shared + max(slowest, self.rest_floor[d][space.size - e_prev]) >= limit():
+                        c.pruned += 1
+                        break
+                for e in space.ends(d, s):
+                    if not space.feasible(d + 1, e):
+                        continue
+                    c.scored += 1
+                    t = max(slowest, cost.comp(d, s, e))
+                    add = shared + cost.data(d, s, e, self.holder)
+                    if add + t >= limit():
+                        c.pruned += 1
+                        break
+                    if self.following is not None:
+                        add += next_data(self.nxt, d, s, e, self.following)
+                    if add + max(t, self.rest_floor[d + 1][space.size - e]) >= limit():
+                        c.pruned += 1
+                        continue
+                    if d == space.devices - 1:
+                        heapq.heappush(found, (-(add + t), head + ((s, e),)))
+                        if len(found) > k:
+                            heapq.heappop(found)
+                    else:
+                        walk(d + 1, e, t, add, head + ((s, e),))
+
+        walk(0, 0, 0.0, 0.0, ())
+        return sorted((-v, p) for v, p in found)
+
+
+@dataclass(frozen=True)
+class Plan:
+    partitions: tuple[Partition, ...]
+    score: float  # eq. (12), seconds
+    counters: Counters = field(compare=False)
+    seconds: float = field(compare=False)  # search time
+    sweeps: int = 0
+
+
+def _local(costs: list[LayerCost], plan: list[Partition], i: int, p: Partition) -> float:
+    """What layer ``i`` taking ``p`` adds to eq. (12): its own score and the data the next layer then needs."""
+    own = costs[i].score(p, plan[i - 1] if i else None)
+    if i + 1 < len(plan):
+        nxt = costs[i + 1]
+        own += nxt.score(plan[i + 1], p) - nxt.score(plan[i + 1], None)
+    return own
+
+
+def costs_of(layers: list[Layer], devices: tuple[Device, ...]) -> list[LayerCost]:
+    return [LayerCost(layer, devices) for layer in layers]
+
+
+def spaces_of(layers: list[Layer], devices: tuple[Device, ...], threshold: float, *, overlap: bool = True
+              ) -> list[Space]:
+    return [Space.of(x.out_size, devices, threshold, overlap=overlap, where=f"layer {x.name!r}") for x in layers]
+
+
+def search_network(layers: list[Layer], devices: tuple[Device, ...], threshold: float, *, overlap: bool = True,
+                   revise: bool = True, beam: int = 64, max_sweeps: int = 20) -> Plan:
+    """Eq. (12) over a chain of layers: a forward beam, then revision sweeps (see the module docstring)."""
+    t0 = time.process_time()
+    costs = costs_of(layers, devices)
+    spaces = spaces_of(layers, devices, threshold, overlap=overlap)
+    counters = Counters()
+    # Forward (eq. (12) from the first layer): ``beam`` partial plans, each extended by the ``beam`` best
+    # partitions of the next layer given its last one; the best ``beam`` distinct ends are kept.
+    states: dict[Partition | None, tuple[float, tuple[Partition, ...]]] = {None: (0.0, ())}
+    for cost, space in zip(costs, spaces):
+        nxt: dict[Partition, tuple[float, tuple[Partition, ...]]] = {}
+        for holder, (r, head) in states.items():
+            for v, p in LayerTree(cost, space, holder, counters=counters).best_k(beam):
+                if p not in nxt or r + v < nxt[p][0]:
+                    nxt[p] = (r + v, head + (p,))
+        states = dict(sorted(nxt.items(), key=lambda kv: kv[1][0])[:beam])
+    plan = list(min(states.values())[1])
+    sweeps = 0
+    while revise and sweeps < max_sweeps:
+        sweeps += 1
+        changed = False
+        for i in [*range(len(plan) - 2, -1, -1), *range(1, len(plan))]:
+            holder = plan[i - 1] if i else None
+            following = plan[i + 1] if i + 1 < len(plan) else None
+            nxt = costs[i + 1] if following is not None else None
+            now = _local(costs, plan, i, plan[i])
+            # The tree's next-layer term is the data alone; the next layer's own compute is the same either way.
+            found = LayerTree(costs[i], spaces[i], holder, nxt=nxt, following=following,
+                              counters=counters).search(beta=now - 1e-12)
+            if found is not None and _local(costs, plan, i, found[1]) < now - 1e-12:
+                plan[i] = found[1]
+                changed = True
+        if not changed:
+            break
+    return Plan(tuple(plan), network_score(costs, plan), counters, time.process_time() - t0, sweeps)

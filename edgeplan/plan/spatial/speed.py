@@ -1,0 +1,40 @@
+"""speed_d (ADaPS §4.3.1): a device class's seconds per MAC and per layer, fitted to its measured conv times.
+
+Each convolution of the int8 model is cut out as a one-op model and timed on one thread (medians after a
+warm-up); the fit is a least-squares line of seconds on MACs. Run it on the device — or, for an emulated one,
+inside its CPU cgroup: the quota is a cap, and what a rank gets under it is measured, never read off it.
+"""
+from __future__ import annotations
+
+from edgeplan.plan.multidevice.costs import invoke_ms
+from edgeplan.plan.spatial.cost import fit_speed
+from edgeplan.quantize.stream import cut_ops
+from edgeplan.quantize.tflite_graph import TfliteGraph
+
+CONV_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D")
+
+
+def conv_times(tflite: bytes, repeats: int = 7) -> list[tuple[int, float]]:
+    """(MACs, seconds) of every convolution of the int8 model, each run alone on one thread."""
+    graph = TfliteGraph(tflite)
+    out = []
+    for op in graph.ops:
+        if op.name in CONV_OPS and graph.op_macs[op.index] > 0:
+            seconds = invoke_ms(cut_ops(graph, [op.index], f"conv{op.index}"), 1, repeats) / 1e3
+            out.append((graph.op_macs[op.index], seconds))
+    return out
+
+
+def fitted(tflite: bytes, repeats: int = 7) -> dict:
+    """The fit and the points it was made from (JSON-ready)."""
+    points = conv_times(tflite, repeats)
+    s_per_mac, s_per_layer = fit_speed([m for m, _ in points], [s for _, s in points])
+    return {"s_per_mac": s_per_mac, "s_per_layer": s_per_layer, "points": points}
+
+
+if __name__ == "__main__":  # python -m edgeplan.plan.spatial.speed MODEL.tflite: the fit as JSON on stdout
+    import json
+    import sys
+    from pathlib import Path
+
+    print(json.dumps(fitted(Path(sys.argv[1]).read_bytes())))
