@@ -1,33 +1,47 @@
 """speed_d (ADaPS §4.3.1): a device class's seconds per MAC and per layer, fitted to its measured conv times.
 
-Each convolution of the int8 model is cut out as a one-op model and timed on one thread (medians after a
-warm-up); the fit is a least-squares line of seconds on MACs. Run it on the device — or, for an emulated one,
+Each convolution of the int8 model is cut out as a one-op model and timed on one thread (the mean over half a
+second of back-to-back invokes after a warm-up); the fit is a least-squares line of seconds on MACs. Run it on the device — or, for an emulated one,
 inside its CPU cgroup: the quota is a cap, and what a rank gets under it is measured, never read off it.
 """
 from __future__ import annotations
 
-from edgeplan.plan.multidevice.costs import invoke_ms
+import time
+
+import numpy as np
+
 from edgeplan.plan.spatial.cost import fit_speed
+from edgeplan.quantize import litert
 from edgeplan.quantize.stream import cut_ops
 from edgeplan.quantize.tflite_graph import TfliteGraph
 
 CONV_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D")
 
 
-def conv_times(tflite: bytes, repeats: int = 7) -> list[tuple[int, float]]:
+def mean_s(data: bytes, window_s: float = 0.5) -> float:
+    """Mean seconds per invoke over back-to-back invokes for at least ``window_s`` (many CFS periods: under a
+    quota a median of short invokes would miss the throttling that a mean over time includes)."""
+    it = litert.interpreter(data, deterministic=False, threads=1)
+    for d in it.get_input_details():
+        it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
+    it.invoke()
+    n, t0 = 0, time.perf_counter()
+    while n < 5 or time.perf_counter() - t0 < window_s:
+        it.invoke()
+        n += 1
+    return (time.perf_counter() - t0) / n
+
+
+def conv_times(tflite: bytes, window_s: float = 0.5) -> list[tuple[int, float]]:
     """(MACs, seconds) of every convolution of the int8 model, each run alone on one thread."""
     graph = TfliteGraph(tflite)
-    out = []
-    for op in graph.ops:
-        if op.name in CONV_OPS and graph.op_macs[op.index] > 0:
-            seconds = invoke_ms(cut_ops(graph, [op.index], f"conv{op.index}"), 1, repeats) / 1e3
-            out.append((graph.op_macs[op.index], seconds))
-    return out
+    return [(graph.op_macs[op.index], mean_s(cut_ops(graph, [op.index], f"conv{op.index}"), window_s))
+            for op in graph.ops if op.name in CONV_OPS and graph.op_macs[op.index] > 0]
 
 
-def fitted(tflite: bytes, repeats: int = 7) -> dict:
+def fitted(tflite: bytes, window_s: float = 0.5) -> dict:
     """The fit and the points it was made from (JSON-ready)."""
-    points = conv_times(tflite, repeats)
+    points = conv_times(tflite, window_s)
     s_per_mac, s_per_layer = fit_speed([m for m, _ in points], [s for _, s in points])
     return {"s_per_mac": s_per_mac, "s_per_layer": s_per_layer, "points": points}
 
