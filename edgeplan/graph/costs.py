@@ -7,14 +7,15 @@ planners account for through bytes, not MACs).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import onnx
 
 ShapeOf = Callable[[str], tuple[int, ...]]
 
 
-def _attr(node: onnx.NodeProto, name: str, default=None):
+def attr(node: onnx.NodeProto, name: str, default=None):
+    """The value of the node's attribute ``name``, or ``default``."""
     for a in node.attribute:
         if a.name == name:
             return onnx.helper.get_attribute_value(a)
@@ -35,7 +36,7 @@ def _conv_transpose(node: onnx.NodeProto, shape: ShapeOf) -> int:
 
 def _gemm(node: onnx.NodeProto, shape: ShapeOf) -> int:
     a = shape(node.input[0])
-    k = a[0] if _attr(node, "transA", 0) else a[-1]
+    k = a[0] if attr(node, "transA", 0) else a[-1]
     return math.prod(shape(node.output[0])) * k
 
 

@@ -22,6 +22,15 @@ def interpreter(model: bytes, *, deterministic: bool = True, keep_all: bool = Fa
     return it
 
 
+def primed(model: bytes, threads: int = 1) -> Interpreter:
+    """A default-kernel (XNNPACK) interpreter fed zero inputs and invoked once: ready to time."""
+    it = interpreter(model, deterministic=False, threads=threads)
+    for d in it.get_input_details():
+        it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
+    it.invoke()
+    return it
+
+
 def quantize(x: np.ndarray, detail: dict) -> np.ndarray:
     """Float -> the tensor's dtype with its (per-tensor) scale and zero point; pass-through for float."""
     dtype = detail["dtype"]

@@ -53,11 +53,7 @@ class Costs:
 
 def invoke_ms(data: bytes, threads: int, repeats: int) -> float:
     """Median ms of one invoke of the TFLite model ``data`` on ``threads`` threads (zero inputs, after a warm-up)."""
-    it = litert.interpreter(data, deterministic=False, threads=threads)
-    for d in it.get_input_details():
-        it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
-    it.invoke()
-    return median_ms(it.invoke, repeats)
+    return median_ms(litert.primed(data, threads).invoke, repeats)
 
 
 def measure(graph: TfliteGraph, units: Units, order: list[int], cores: int, repeats: int = 5,

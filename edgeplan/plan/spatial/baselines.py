@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import time
 
-from edgeplan.plan.spatial.cost import Device, Layer, equal, network_score
+from edgeplan.plan.spatial.cost import Device, Layer, check_rows, equal, network_score
 from edgeplan.plan.spatial.search import Counters, Plan, costs_of, search_network
 
 
 def bbgrap(layers: list[Layer], devices: tuple[Device, ...]) -> Plan:
     t0 = time.process_time()
     for x in layers:
-        if x.out_size < len(devices):
-            from edgeplan.errors import PlanError
-            raise PlanError(f"{len(devices)} devices but layer {x.name!r} has only {x.out_size} rows to share")
+        check_rows(x.out_size, len(devices), f"layer {x.name!r}")
     plan = tuple(equal(x.out_size, len(devices)) for x in layers)
     return Plan(plan, network_score(costs_of(layers, devices), list(plan)), Counters(), time.process_time() - t0)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import onnx
 
 from edgeplan.errors import PlanError
+from edgeplan.graph.costs import attr
 from edgeplan.graph.model import GraphView
 from edgeplan.plan.spatial.cost import Layer
 from edgeplan.plan.spatial.intervals import Window
@@ -31,13 +32,6 @@ class Region:
     reason: str  # why the region ends there
 
 
-def _attr(node: onnx.NodeProto, name: str, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
-
-
 def window(node: onnx.NodeProto, view: GraphView, dim: str) -> Window:
     """The node's window along ``dim`` (explicit pads or SAME/VALID auto_pad, strides, dilations)."""
     i = AXES[dim] - 2
@@ -46,16 +40,16 @@ def window(node: onnx.NodeProto, view: GraphView, dim: str) -> Window:
     if node.op_type == "Conv":
         kernel = view.shape(node.input[1])[AXES[dim]]
     else:
-        kernel = _attr(node, "kernel_shape")[i]
-    stride = (_attr(node, "strides") or [1, 1])[i]
-    dilation = (_attr(node, "dilations") or [1, 1])[i]
-    auto_pad = _attr(node, "auto_pad", b"NOTSET")
+        kernel = attr(node, "kernel_shape")[i]
+    stride = (attr(node, "strides") or [1, 1])[i]
+    dilation = (attr(node, "dilations") or [1, 1])[i]
+    auto_pad = attr(node, "auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         return Window.same(kernel, stride, in_size, dilation, lower=auto_pad == "SAME_LOWER")
-    pads = _attr(node, "pads") or [0, 0, 0, 0]
+    pads = attr(node, "pads") or [0, 0, 0, 0]
     begin, end = pads[i], pads[i + 2]
-    if _attr(node, "ceil_mode", 0):  # the last window may start inside the end padding
+    if attr(node, "ceil_mode", 0):  # the last window may start inside the end padding
         end += stride - 1
     return Window(kernel, stride, dilation, begin, end, in_size, out_size)
 
@@ -67,7 +61,7 @@ def _work(node: onnx.NodeProto, view: GraphView, macs: int) -> int:
         return macs
     out = math.prod(view.shape(node.output[0]))
     if node.op_type in ("MaxPool", "AveragePool"):
-        return out * math.prod(_attr(node, "kernel_shape"))
+        return out * math.prod(attr(node, "kernel_shape"))
     return out
 
 

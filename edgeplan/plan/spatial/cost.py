@@ -67,6 +67,12 @@ class Layer:
         return self.window.out_size
 
 
+def check_rows(size: int, devices: int, where: str = "") -> None:
+    """Every device needs at least one row of a layer it shares."""
+    if devices > size:
+        raise PlanError(f"{devices} devices but {where or 'the layer'} has only {size} rows to share")
+
+
 @dataclass(frozen=True)
 class Space:
     """The thresholded partitions of one layer (eqs. (1)–(3)); ``overlap`` False: neighbours share no row.
@@ -84,8 +90,7 @@ class Space:
         n = len(devices)
         if not 0 < threshold <= 1:
             raise PlanError(f"threshold {threshold} is outside (0, 1]")
-        if n > size:
-            raise PlanError(f"{n} devices but {where or 'the layer'} has only {size} rows to share")
+        check_rows(size, n, where)
         speed = np.array([1.0 / d.s_per_mac for d in devices])
         lo = [max(int(size * s / speed.sum()), 1) for s in speed]  # eq. (1)
         max_size = size - (n - 1)  # eq. (2)
@@ -192,12 +197,15 @@ class LayerCost:
         """Eqs. (9)–(10) for a band of ``rows`` devices ``d-1`` and ``d`` both compute."""
         return rows * float(self.row_s[d - 1] + self.row_s[d])
 
+    def t_data(self, p: Partition, holder: Partition | None) -> float:
+        """Eq. (8)."""
+        return sum(self.data(d, s, e, holder) for d, (s, e) in enumerate(p))
+
     def score(self, p: Partition, holder: Partition | None) -> float:
         """Eq. (11)."""
         t_comp = max(self.comp(d, s, e) for d, (s, e) in enumerate(p))
-        t_data = sum(self.data(d, s, e, holder) for d, (s, e) in enumerate(p))
         t_ov = sum(self.shared(d, max(p[d - 1][1] - p[d][0], 0)) for d in range(1, len(p)))
-        return t_comp + t_data + t_ov
+        return t_comp + self.t_data(p, holder) + t_ov
 
     def bytes_in(self, p: Partition, holder: Partition | None) -> int:
         return sum(self.rows_in(d, s, e, holder) for d, (s, e) in enumerate(p)) * self.layer.in_row_bytes

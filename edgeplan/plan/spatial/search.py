@@ -16,7 +16,8 @@ The counters are counted, never estimated: ``scored`` nodes (the "visited" of Ta
 sub-trees.
 
 Over layers (§4.5.2, eq. (12)) each layer's tree reads the previous layer's partition (the data its input
-needs). A forward pass picks each layer's best given the one before; then sweeps revisit each layer given
+needs). A forward beam keeps the best partial plans, each extended by the best partitions of the next layer
+given its last one (``best_k``); then sweeps revisit each layer given
 both neighbours — the rows it needs from the previous one, and the rows the next one would then need from it
 — and keep a revision when the total score drops, until a sweep changes nothing. This is how a later layer
 makes an earlier one widen its rows (overlap) to fuse with it. Like the paper's, the result is not guaranteed
@@ -27,6 +28,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from edgeplan.plan.spatial.cost import (
@@ -45,11 +47,6 @@ class Counters:
     scored: int = 0
     memo_hits: int = 0
     pruned: int = 0
-
-    def add(self, other: Counters) -> None:
-        self.scored += other.scored
-        self.memo_hits += other.memo_hits
-        self.pruned += other.pruned
 
 
 def _rest_floor(cost: LayerCost, space: Space) -> list[list[float]]:
@@ -102,14 +99,38 @@ class LayerTree:
         if hit is not None and (hit[1] is not None or hit[0] >= beta):
             self.counters.memo_hits += 1
             return hit
-        cost, space, c = self.cost, self.space, self.counters
-        last = d == space.devices - 1
+        last = d == self.space.devices - 1
         best, best_tail = math.inf, None
+
+        def limit() -> float:  # lowers as better leaves are found
+            return min(beta, best)
+
+        for s, e, t, add in self._children(d, e_prev, slowest, 0.0, limit):
+            if last:
+                value, tail = add + t, ((s, e),)
+            else:
+                rest, rest_tail = self._best(d + 1, e, t, limit() - add)
+                if rest_tail is None:
+                    continue
+                value, tail = add + rest, ((s, e), *rest_tail)
+            if value < best:
+                best, best_tail = value, tail
+        result = (best, best_tail) if best < beta else (beta, None)
+        self.memo[key] = result
+        return result
+
+
+    def _children(self, d: int, e_prev: int, slowest: float, acc: float, limit: Callable[[], float]
+                  ) -> Iterator[tuple[int, int, float, float]]:
+        """Device ``d``'s intervals after a device ending at ``e_prev`` whose bound is below ``limit()`` (read
+        at every node: the caller lowers it as leaves are found), in tree order, each with the slowest time so
+        far and the additive terms so far (``acc`` and its own). Scored and cut nodes are counted here."""
+        space, cost, c = self.space, self.cost, self.counters
         for s in space.starts(d, e_prev):
-            shared = cost.shared(d, e_prev - s) if d else 0.0
+            shared = acc + (cost.shared(d, e_prev - s) if d else 0.0)
             if d:  # a start node: more shared rows only cost more, and the rows left stay at least M - e_prev
                 c.scored += 1
-                if shared + max(slowest, self.rest_floor[d][space.size - e_prev]) >= min(beta, best):
+                if shared + max(slowest, self.rest_floor[d][space.size - e_prev]) >= limit():
                     c.pruned += 1
                     break
             for e in space.ends(d, s):
@@ -118,66 +139,32 @@ class LayerTree:
                 c.scored += 1
                 t = max(slowest, cost.comp(d, s, e))
                 add = shared + cost.data(d, s, e, self.holder)
-                bound = min(beta, best)
-                if add + t >= bound:  # grows with e: cut the larger siblings too
+                if add + t >= limit():  # grows with e: cut the larger siblings too
                     c.pruned += 1
                     break
                 if self.following is not None:
                     add += next_data(self.nxt, d, s, e, self.following)
-                if add + max(t, self.rest_floor[d + 1][space.size - e]) >= bound:
+                if add + max(t, self.rest_floor[d + 1][space.size - e]) >= limit():
                     c.pruned += 1
                     continue
-                if last:
-                    value, tail = add + t, ((s, e),)
-                else:
-                    rest, rest_tail = self._best(d + 1, e, t, bound - add)
-                    if rest_tail is None:
-                        continue
-                    value, tail = add + rest, ((s, e), *rest_tail)
-                if value < best:
-                    best, best_tail = value, tail
-        result = (best, best_tail) if best < beta else (beta, None)
-        self.memo[key] = result
-        return result
-
+                yield s, e, t, add
 
     def best_k(self, k: int) -> list[tuple[float, Partition]]:
         """The ``k`` best partitions, best first: the same tree and bounds against the k-th best so far
         (no memo: a memoised sub-tree keeps only its best completion)."""
-        space, cost, c = self.space, self.cost, self.counters
         found: list[tuple[float, Partition]] = []  # a max-heap by negated score
 
         def limit() -> float:
             return -found[0][0] if len(found) == k else math.inf
 
         def walk(d: int, e_prev: int, slowest: float, acc: float, head: Partition) -> None:
-            for s in space.starts(d, e_prev):
-                shared = acc + (cost.shared(d, e_prev - s) if d else 0.0)
-                if d:
-                    c.scored += 1
-                    if shared + max(slowest, self.rest_floor[d][space.size - e_prev]) >= limit():
-                        c.pruned += 1
-                        break
-                for e in space.ends(d, s):
-                    if not space.feasible(d + 1, e):
-                        continue
-                    c.scored += 1
-                    t = max(slowest, cost.comp(d, s, e))
-                    add = shared + cost.data(d, s, e, self.holder)
-                    if add + t >= limit():
-                        c.pruned += 1
-                        break
-                    if self.following is not None:
-                        add += next_data(self.nxt, d, s, e, self.following)
-                    if add + max(t, self.rest_floor[d + 1][space.size - e]) >= limit():
-                        c.pruned += 1
-                        continue
-                    if d == space.devices - 1:
-                        heapq.heappush(found, (-(add + t), head + ((s, e),)))
-                        if len(found) > k:
-                            heapq.heappop(found)
-                    else:
-                        walk(d + 1, e, t, add, head + ((s, e),))
+            for s, e, t, add in self._children(d, e_prev, slowest, acc, limit):
+                if d == self.space.devices - 1:
+                    heapq.heappush(found, (-(add + t), head + ((s, e),)))
+                    if len(found) > k:
+                        heapq.heappop(found)
+                else:
+                    walk(d + 1, e, t, add, head + ((s, e),))
 
         walk(0, 0, 0.0, 0.0, ())
         return sorted((-v, p) for v, p in found)
@@ -195,10 +182,7 @@ class Plan:
 def _local(costs: list[LayerCost], plan: list[Partition], i: int, p: Partition) -> float:
     """What layer ``i`` taking ``p`` adds to eq. (12): its own score and the data the next layer then needs."""
     own = costs[i].score(p, plan[i - 1] if i else None)
-    if i + 1 < len(plan):
-        nxt = costs[i + 1]
-        own += nxt.score(plan[i + 1], p) - nxt.score(plan[i + 1], None)
-    return own
+    return own + (costs[i + 1].t_data(plan[i + 1], p) if i + 1 < len(plan) else 0.0)
 
 
 def costs_of(layers: list[Layer], devices: tuple[Device, ...]) -> list[LayerCost]:
