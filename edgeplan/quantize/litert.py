@@ -22,9 +22,14 @@ def interpreter(model: bytes, *, deterministic: bool = True, keep_all: bool = Fa
     return it
 
 
-def primed(model: bytes, threads: int = 1) -> Interpreter:
-    """A default-kernel (XNNPACK) interpreter fed zero inputs and invoked once: ready to time."""
+def primed(model: bytes, threads: int = 1, rows: int | None = None) -> Interpreter:
+    """A default-kernel (XNNPACK) interpreter fed zero inputs and invoked once: ready to time. ``rows``: the
+    first input resized to that many rows (NHWC height) first."""
     it = interpreter(model, deterministic=False, threads=threads)
+    if rows is not None:
+        first = it.get_input_details()[0]
+        it.resize_tensor_input(first["index"], [first["shape"][0], rows, *first["shape"][2:]])
+        it.allocate_tensors()
     for d in it.get_input_details():
         it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
     it.invoke()

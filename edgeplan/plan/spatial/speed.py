@@ -1,8 +1,11 @@
 """speed_d (ADaPS §4.3.1): a device class's seconds per MAC and per layer, fitted to its measured conv times.
 
-Each convolution of the int8 model is cut out as a one-op model and timed on one thread (the mean over half a
-second of back-to-back invokes after a warm-up); the fit is a least-squares line of seconds on MACs. Run it on the device — or, for an emulated one,
-inside its CPU cgroup: the quota is a cap, and what a rank gets under it is measured, never read off it.
+Each convolution of the int8 model is cut out as a one-op model and timed on one thread at a quarter, half,
+three quarters and all of its input rows — the sizes a partition gives it — each the mean over half a second of
+back-to-back invokes after a warm-up; the fit is a least-squares line of seconds on MACs. (Five AlexNet convs at
+full size alone gave a fit whose slope came out negative under a 0.22 quota.) Run it on the device — or, for an
+emulated one, inside its CPU cgroup: the quota is a cap, and what a rank gets under it is measured, never read
+off it.
 """
 from __future__ import annotations
 
@@ -16,22 +19,36 @@ from edgeplan.quantize.tflite_graph import TfliteGraph
 CONV_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D")
 
 
-def mean_s(data: bytes, window_s: float = 0.5) -> float:
+FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+
+
+def mean_s(data: bytes, window_s: float = 0.5, rows: int | None = None) -> tuple[float, int]:
     """Mean seconds per invoke over back-to-back invokes for at least ``window_s`` (many CFS periods: under a
-    quota a median of short invokes would miss the throttling that a mean over time includes)."""
-    it = litert.primed(data)
+    quota a median of short invokes would miss the throttling that a mean over time includes), and the output
+    rows each invoke made."""
+    it = litert.primed(data, rows=rows)
     n, t0 = 0, time.perf_counter()
     while n < 5 or time.perf_counter() - t0 < window_s:
         it.invoke()
         n += 1
-    return (time.perf_counter() - t0) / n
+    return (time.perf_counter() - t0) / n, int(it.get_output_details()[0]["shape"][1])
 
 
 def conv_times(tflite: bytes, window_s: float = 0.5) -> list[tuple[int, float]]:
-    """(MACs, seconds) of every convolution of the int8 model, each run alone on one thread."""
+    """(MACs, seconds) of every convolution of the int8 model at each fraction of its input rows, run alone on
+    one thread."""
     graph = TfliteGraph(tflite)
-    return [(graph.op_macs[op.index], mean_s(cut_ops(graph, [op.index], f"conv{op.index}"), window_s))
-            for op in graph.ops if op.name in CONV_OPS and graph.op_macs[op.index] > 0]
+    out = []
+    for op in graph.ops:
+        if op.name not in CONV_OPS or graph.op_macs[op.index] <= 0:
+            continue
+        data = cut_ops(graph, [op.index], f"conv{op.index}")
+        height = graph.tensors[op.inputs[0]].shape[1]
+        full_rows = graph.tensors[op.outputs[0]].shape[1]
+        for rows in sorted({max(round(height * f), 1) for f in FRACTIONS}):
+            seconds, out_rows = mean_s(data, window_s, rows)
+            out.append((graph.op_macs[op.index] * out_rows // full_rows, seconds))
+    return out
 
 
 def fitted(tflite: bytes, window_s: float = 0.5) -> dict:
