@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from edgeplan.distributed.rows import Rows, keep
+
 ERROR = "EDGEPLAN-RANK-ERROR"
 SUMMARY = "EDGEPLAN-MPI-SUMMARY"
 MAX_BUFFER_BYTES = 1 << 31  # one tensor between ranks; a larger one in tables.json is refused before allocating
@@ -65,9 +67,43 @@ def load_tables(d: Path, size: int) -> tuple[dict, str]:
         for side in ("input", "output"):
             if t[side]["dtype"] not in _DTYPES or not all(isinstance(x, int) and x > 0 for x in t[side]["shape"]):
                 raise RankError(f"tables.json {side}: bad dtype or shape")
+        if "axis" in t:
+            _check_tiles(t)
     except (KeyError, TypeError, ValueError) as e:
         raise RankError(f"tables.json is malformed ({type(e).__name__}: {e})") from None
     return t, hashlib.sha256(raw).hexdigest()
+
+
+def _rows(r, where: str) -> None:
+    if not (isinstance(r, list) and len(r) == 2 and all(isinstance(x, int) for x in r) and 0 <= r[0] < r[1] < 1 << 24):
+        raise RankError(f"tables.json {where}: bad rows {r!r}")
+
+
+def _check_tiles(t: dict) -> None:
+    """A spatial split's extra fields (``surgery/spatial``): rows are ordered ints, shapes match them."""
+    axis = t["axis"]
+    if axis not in (1, 2):
+        raise RankError(f"tables.json: axis {axis!r} is neither 1 (H) nor 2 (W)")
+    for name, b in t["buffers"].items():
+        if "rows" in b:
+            _rows(b["rows"], f"buffer {name!r}")
+            if not isinstance(b["tensor"], str) or b["shape"][axis] != b["rows"][1] - b["rows"][0]:
+                raise RankError(f"tables.json buffer {name!r}: {b['shape']} is not rows {b['rows']} of a tensor")
+    for s in t["stages"]:
+        tile = s.get("tile")
+        if tile is None:
+            continue
+        for name, x in tile["inputs"].items():
+            _rows(x["rows"], f"stage {s['index']} input {name!r}")
+            if x["shape"][axis] != x["rows"][1] - x["rows"][0] or not all(isinstance(v, int) and v > 0
+                                                                         for v in x["shape"]):
+                raise RankError(f"tables.json stage {s['index']} input {name!r}: shape {x['shape']} is not its rows")
+        for name, o in tile["outputs"].items():
+            _rows(o["keep"], f"stage {s['index']} output {name!r}")
+            if not (isinstance(o["offset"], int) and o["offset"] <= o["keep"][0]
+                    and o["keep"][1] - o["offset"] <= o["shape"][axis]):
+                raise RankError(f"tables.json stage {s['index']} output {name!r}: rows {o['keep']} are not in the "
+                                f"tile's {o['shape'][axis]} rows from {o['offset']}")
 
 
 def _array(spec: dict) -> np.ndarray:
@@ -82,18 +118,26 @@ class _Stage:
         if hashlib.sha256(data).hexdigest() != s["int8_sha256"]:
             raise RankError(f"{s['int8']}: sha256 differs from tables.json")
         self.index = s["index"]
+        self.tile = s.get("tile")
         self.it = Interpreter(model_content=data, num_threads=threads)
+        if self.tile is not None:  # a tile of a spatial split: its input is the tile's rows plus halo
+            for x in self.it.get_input_details():
+                if x["name"] in self.tile["inputs"]:
+                    self.it.resize_tensor_input(x["index"], self.tile["inputs"][x["name"]]["shape"])
         self.it.allocate_tensors()
         self.inputs = {x["name"]: x["index"] for x in self.it.get_input_details()}
         self.outputs = {x["name"]: x["index"] for x in self.it.get_output_details()}
         if sorted(self.inputs) != sorted(s["inputs"]) or sorted(self.outputs) != sorted(s["outputs"]):
             raise RankError(f"{s['int8']}: its tensors are not those tables.json names")
         known = {**tables["buffers"], tables["input"]["name"]: tables["input"]}
+        if self.tile is not None:
+            known = {**known, **self.tile["inputs"], **self.tile["outputs"]}
         for x in self.it.get_input_details() + self.it.get_output_details():
             spec = known.get(x["name"])
-            if spec is not None and (list(x["shape"]) != spec["shape"] or x["dtype"] != _DTYPES[spec["dtype"]]):
+            if spec is not None and (list(x["shape"]) != spec["shape"]
+                                     or ("dtype" in spec and x["dtype"] != _DTYPES[spec["dtype"]])):
                 raise RankError(f"{s['int8']}: tensor {x['name']!r} is {list(x['shape'])} {x['dtype'].__name__}, "
-                                f"tables.json says {spec['shape']} {spec['dtype']}")
+                                f"tables.json says {spec['shape']} {spec.get('dtype', '')}")
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -121,8 +165,13 @@ class Rank:
         self.stages = [_Stage(d, s, max(1, len(me["slots"])), self.tables)
                        for s in self.tables["stages"] if s["rank"] == self.rank]
         self.recv = {n: b for n, b in self.tables["buffers"].items() if self.rank in b["receivers"]}
-        self.send = {n: b for n, b in self.tables["buffers"].items() if b["sender"] == self.rank}
+        self.sends_of: dict[str, list[dict]] = {}  # tensor -> the buffers this rank sends of it (whole or rows)
+        for n, b in self.tables["buffers"].items():
+            if b["sender"] == self.rank:
+                self.sends_of.setdefault(b.get("tensor", n), []).append(b)
+        self.axis = self.tables.get("axis")  # a spatial split: tensors travel as row bands along this axis
         self.busy_s = self.wait_s = 0.0
+        self.sent_bytes = 0
 
     def _run(self, st: _Stage, live: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Invoke on the worker thread (LiteRT releases the GIL) while this thread drives MPI's progress: with no
@@ -160,32 +209,57 @@ class Rank:
             buf = _array(b)
             reqs[name] = (self.comm.Irecv([buf, MPI.BYTE], source=b["sender"], tag=b["tag"]), buf, b["sender"])
         live: dict[str, np.ndarray] = {}
+        rows = Rows(self.axis) if self.axis else None
 
-        def publish(values: dict[str, np.ndarray]) -> None:
-            live.update(values)
+        def publish(values: dict[str, np.ndarray], kept: dict | None = None) -> None:
             for name, v in values.items():
-                for dst in self.send.get(name, {}).get("receivers", []):
-                    pending.append((f, self.comm.Isend([v, MPI.BYTE], dest=dst, tag=self.send[name]["tag"]), v, dst))
+                if kept and name in kept:  # a tile's output: only the rows it got right are held
+                    rows.add(name, kept[name]["keep"][0], keep(v, kept[name], self.axis))
+                else:
+                    live[name] = v
+                    if rows is not None:
+                        rows.add(name, 0, v)
+                for b in self.sends_of.get(name, []):
+                    data = rows.take(name, *b["rows"]) if "rows" in b else v
+                    self.sent_bytes += data.nbytes * len(b["receivers"])
+                    for dst in b["receivers"]:
+                        pending.append((f, self.comm.Isend([data, MPI.BYTE], dest=dst, tag=b["tag"]), data, dst))
+
+        def arrive(tensor: str) -> None:
+            """Wait for every band of ``tensor`` sent to this rank and hold it."""
+            for name in [n for n in reqs if self.recv[n].get("tensor") == tensor]:
+                req, buf, src = reqs.pop(name)
+                self._wait(req, f"rows {self.recv[name]['rows']} of {tensor!r} from rank {src}")
+                rows.add(tensor, self.recv[name]["rows"][0], buf)
 
         if x is not None:
             publish({self.tables["input"]["name"]: x})
         for st in self.stages:
             self.where["stage"] = st.index
+            given: dict[str, np.ndarray] = {}
             for name in st.inputs:
+                if st.tile is not None and name in st.tile["inputs"]:
+                    arrive(name)
+                    given[name] = rows.take(name, *st.tile["inputs"][name]["rows"])
+                    continue
                 if name not in live:
                     req, buf, src = reqs.pop(name)
                     self._wait(req, f"buffer {name!r} from rank {src}")
                     live[name] = buf
+                given[name] = live[name]
             if st is self.stages[0]:
                 _fault(self.fault, self.rank, f)
             t0 = time.perf_counter()
-            out = self._run(st, live)
+            out = self._run(st, given)
             self.busy_s += time.perf_counter() - t0
-            publish(out)
+            publish(out, st.tile["outputs"] if st.tile is not None else None)
         self.where["stage"] = None
         result = None
         if self.rank == self.tables["head"]:
             name = self.tables["output"]["name"]
+            if name not in live and rows is not None:  # a spatial region that ends at the output: assembled here
+                arrive(name)
+                live[name] = rows.take(name, 0, self.tables["output"]["shape"][self.axis])
             # the output made elsewhere is collected later (``collect``): waiting for it here would stop the head
             # from feeding frame f + 1 until frame f left the last rank, and nothing would pipeline
             if name in live:
@@ -315,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.perf_counter() - t0
         stats = {"rank": me.rank, "host": me.host, "wall_s": wall, "busy_s": me.busy_s, "wait_s": me.wait_s,
                  "cpu_s": time.process_time() - c0, "stages": [s.index for s in me.stages],
-                 "peak_rss_bytes": _peak_rss(), "base_rss_bytes": me.base_rss_bytes}
+                 "peak_rss_bytes": _peak_rss(), "base_rss_bytes": me.base_rss_bytes, "sent_bytes": me.sent_bytes}
         every = comm.gather(stats, root=me.tables["head"])
         if head:
             if args.out:

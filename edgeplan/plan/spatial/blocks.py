@@ -1,7 +1,9 @@
 """The partitionable region of a model: its layers from the input along one path, as ADaPS partitions them.
 
 A layer is one Type 1 op (Table 2) and the single-input Type 2 ops after it (a leading Type 2 op is a layer
-of its own with the identity window). The region ends — everything after runs on one device once the
+of its own with the identity window). A constant-mode ``Pad`` of the spatial axes that only a Type 1 op reads
+(Keras ``ZeroPadding2D``, or the pads canonicalisation moves out of a pooling op) joins that op's layer: its
+rows are padding of the op's window. The region ends — everything after runs on one device once the
 partitions are gathered — at the first Type 3 op, at an op the table does not know, and (until path analysis,
 §4.2, splits multi-path blocks into single-entry, single-exit sub-blocks) at the first tensor read by more than
 one op or op reading two computed tensors. ``Region.reason`` says which, naming the op.
@@ -54,6 +56,21 @@ def window(node: onnx.NodeProto, view: GraphView, dim: str) -> Window:
     return Window(kernel, stride, dilation, begin, end, in_size, out_size)
 
 
+def _pad(node: onnx.NodeProto, view: GraphView, dim: str) -> tuple[int, int] | None:
+    """A Pad node's (begin, end) along ``dim`` when it pads with a constant and only the spatial axes."""
+    mode = attr(node, "mode", b"constant")
+    if (mode.decode() if isinstance(mode, bytes) else mode) != "constant":
+        return None
+    if len(node.input) > 1 and node.input[1] in view.initializers:
+        pads = [int(v) for v in onnx.numpy_helper.to_array(view.initializers[node.input[1]]).ravel()]
+    else:
+        pads = list(attr(node, "pads") or [])
+    if len(pads) != 8 or any(pads[i] or pads[i + 4] for i in (0, 1)) or any(v < 0 for v in pads):
+        return None
+    a = AXES[dim]
+    return pads[a], pads[a + 4]
+
+
 def _work(node: onnx.NodeProto, view: GraphView, macs: int) -> int:
     """A node's work in MACs: its multiply-accumulates, or one per output element per window tap (pooling),
     or one per output element (element-wise)."""
@@ -78,6 +95,7 @@ def region(view: GraphView, dim: str = "H") -> Region:
     layers: list[Layer] = []
     groups: list[list[str]] = []
     current: dict | None = None
+    padded: tuple[str, str, tuple[int, int]] | None = None  # (node, tensor before it, pads) of a pending Pad
     reason = "the model's output"
 
     def close() -> None:
@@ -98,6 +116,15 @@ def region(view: GraphView, dim: str = "H") -> Region:
         node = nodes[readers[0]]
         kind = onnx_type(node.op_type)
         label = f"{node.op_type} {node.name!r}"
+        if node.op_type == "Pad" and padded is None and (pads := _pad(node, view, dim)) is not None:
+            after = view.consumers.get(node.output[0], [])
+            if len(after) == 1 and onnx_type(nodes[after[0]].op_type) == TYPE1:
+                padded = (node.name, tensor, pads)
+                tensor = node.output[0]
+                continue
+        if padded is not None and kind != TYPE1:
+            reason = f"{label} follows Pad {padded[0]!r}"
+            break
         computed = [x for x in node.input if x and x not in view.initializers]
         if kind is None:
             reason = f"{label} is not in ADaPS Table 2"
@@ -115,8 +142,14 @@ def region(view: GraphView, dim: str = "H") -> Region:
         if kind == TYPE1 or current is None:
             close()
             w = window(node, view, dim) if kind == TYPE1 else Window.identity(view.shape(tensor)[AXES[dim]])
-            current = {"name": node.name or node.output[0], "window": w, "macs": 0, "in_row": row_bytes(tensor),
-                       "out_row": row_bytes, "nodes": []}
+            source, lead = tensor, []
+            if padded is not None:  # the Pad's rows become the window's padding
+                name, source, (begin, end) = padded
+                w = Window(w.kernel, w.stride, w.dilation, w.pad_begin + begin, w.pad_end + end,
+                           w.in_size - begin - end, w.out_size)
+                lead, padded = [name], None
+            current = {"name": node.name or node.output[0], "window": w, "macs": 0, "in_row": row_bytes(source),
+                       "out_row": row_bytes, "nodes": lead}
         current["macs"] += work
         current["nodes"].append(node.name)
         tensor = node.output[0]

@@ -1,0 +1,123 @@
+"""ADaPS tiles (issue 16, item 6): int8 segments with their inputs resized to a tile's rows, run as the ranks
+run them (rows received from whichever rank computed them), give the whole int8 model's bits — for odd heights,
+stride-2 SAME and padded windows, a dilated 5x5 and pooling, along H and W, on plans with and without overlaps."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from edgeplan.errors import PlanError
+from edgeplan.graph.model import GraphView
+from edgeplan.plan.multidevice import spec
+from edgeplan.plan.spatial.blocks import region
+from edgeplan.quantize.tflite_graph import TfliteGraph
+from edgeplan.surgery import spatial
+
+
+@pytest.fixture(scope="module")
+def chain_model(compiled):
+    d, _, _ = compiled("spatial_chain")
+    return d, TfliteGraph((d / "model_int8.tflite").read_bytes())
+
+
+def random_plan(sizes: list[int], n: int, rng: np.random.Generator) -> list[tuple]:
+    """Per layer, ``n`` ordered row ranges covering it; neighbours share up to 3 rows."""
+    plan = []
+    for size in sizes:
+        edges = sorted(rng.choice(np.arange(1, size), n - 1, replace=False).tolist()) + [size]
+        parts, start = [], 0
+        for d, e in enumerate(edges):
+            parts.append((start, e))
+            if d + 1 < n:
+                start = max(e - int(rng.integers(0, 4)), parts[-1][0] + 1)
+        plan.append(tuple(parts))
+    return plan
+
+
+def _check(d, graph, plan, axis):
+    t = spatial.tiling(graph, plan, axis)
+    blob = spatial.segments(graph, t)
+    table = spatial.tables(graph, t, [{"key": f"k{i}"} for i in range(len(plan[0]))], dict.fromkeys(blob, "0" * 64))
+    return t, table, spatial.verify(table, blob, graph.data, samples=2, seed=len(plan[0]))
+
+
+def test_region_folds_pads_and_matches_the_int8_chain(chain_model):
+    d, graph = chain_model
+    r = region(GraphView(onnx.load(str(d / "model.onnx"))), "H")
+    assert len(r.layers) == 7 and "GlobalAveragePool" in r.reason  # the pool's Pad joined the pool
+    pool = r.layers[3]
+    assert (pool.window.kernel, pool.window.stride, pool.window.pad_begin, pool.window.in_size) == (3, 2, 1, 23)
+    layers = spatial.chain(graph, 1, len(r.layers))
+    assert [x.ops[-1].out_size for x in layers] == [x.out_size for x in r.layers]
+    assert [(x.kernel, x.stride) for x in layers] == [(x.window.kernel, x.window.stride) for x in r.layers]
+
+
+@pytest.mark.parametrize("axis,n,seed", [(1, 2, 0), (1, 3, 1), (2, 3, 2), (1, 4, 3), (2, 5, 4), (1, 5, 5)])
+def test_random_plans_give_the_int8_models_bits(chain_model, axis, n, seed):
+    d, graph = chain_model
+    sizes = [x.ops[-1].out_size for x in spatial.chain(graph, axis, 7)]
+    plan = random_plan(sizes, n, np.random.default_rng(seed))
+    t, table, check = _check(d, graph, plan, axis)
+    assert check == {"int8_identical_builtin": 1.0, "int8_identical_xnnpack": 1.0}
+    for g in t.groups:  # every tile gets right at least its rows of the plan
+        for k in range(g.first, g.last + 1):
+            v = g.tile.valid[k - g.first]
+            assert v[0] <= plan[k][g.device][0] and plan[k][g.device][1] <= v[1]
+    moved = spatial.bytes_moved(table)
+    assert moved["gather"] == sum(b["nbytes"] for b in table["buffers"].values() if b["receivers"] == [0]
+                                  and b["tensor"] == table["stages"][-1]["inputs"][0])
+
+
+def test_rows_come_from_whichever_device_computed_them(chain_model):
+    """Device 1 computes one row: device 2's halo reaches device 0's rows, device 1's reaches device 3's."""
+    d, graph = chain_model
+    sizes = [x.ops[-1].out_size for x in spatial.chain(graph, 1, 7)]
+    plan = [((0, 20), (20, 21), (21, 22), (22, 45)), ((0, 10), (10, 11), (11, 12), (12, 23))]
+    plan += [tuple(spatial_even(s, 4)) for s in sizes[2:]]
+    t, _, check = _check(d, graph, plan, 1)
+    assert min(check.values()) == 1.0
+    assert any(abs(m.sender - m.receiver) > 1 for m in t.messages if m.layer >= 0)
+
+
+def spatial_even(size: int, n: int) -> list[tuple[int, int]]:
+    edges = [round(size * (i + 1) / n) for i in range(n)]
+    return list(zip([0, *edges[:-1]], edges))
+
+
+def test_a_misaligned_tile_is_widened_not_wrong():
+    """SAME, kernel 3, stride 2 on 45 rows pads 1 before; a tile of 9 rows from row 1 pads 1 too, so its output
+    rows would fall between the model's: ``simulate`` refuses it and ``fit`` grows it until aligned."""
+    op = spatial.ChainOp(0, 45, 23, kernel=3, stride=2, same=True)
+    layer = [spatial.ChainLayer((op,), 0, 3, 2)]
+    assert spatial.simulate(layer, (1, 10)) is None
+    tile = spatial.fit(layer, [(2, 4)])
+    assert tile.valid[0][0] <= 2 and tile.valid[0][1] >= 4
+    assert (tile.rows[0] - op.pads(tile.rows[1] - tile.rows[0])[0] + op.pad_begin) % 2 == 0
+
+
+def test_bad_plans_are_refused(chain_model, tmp_path):
+    d, graph = chain_model
+    with pytest.raises(PlanError, match="does not cover rows"):
+        spatial.tiling(graph, [((0, 20), (25, 45))], 1)
+    with pytest.raises(PlanError, match="partitionable layers, the plan 9: it stops at MEAN"):
+        spatial.tiling(graph, [((0, 1), (1, 2))] * 9, 1)
+    p = spec.parse_text("dev0, cpu, slots=0, host=localhost\n", "platform")
+    with pytest.raises(PlanError, match="2 ways, 1 devices"):
+        spatial.split(d, [((0, 20), (20, 45))], list(p.devices), tmp_path / "s")
+    assert not (tmp_path / "s").exists()
+
+
+def test_split_writes_a_verified_directory(chain_model, tmp_path):
+    d, graph = chain_model
+    sizes = [x.ops[-1].out_size for x in spatial.chain(graph, 1, 7)]
+    p = spec.parse_text("dev0, cpu, slots=0, host=localhost\ndev1, cpu, slots=1, host=localhost\n", "platform")
+    plan = [tuple(spatial_even(s, 2)) for s in sizes]
+    summary = spatial.split(d, plan, list(p.devices), tmp_path / "s")
+    t = json.loads((tmp_path / "s" / "tables.json").read_text())
+    assert summary["verify"]["int8_identical_xnnpack"] == 1.0 and t["axis"] == 1
+    assert sorted(x.name for x in (tmp_path / "s" / "int8").iterdir()) == sorted(
+        s["int8"].split("/")[1] for s in t["stages"])
+    assert (tmp_path / "s" / "rankfile").read_text() == "rank 0=localhost slot=0\nrank 1=localhost slot=1\n"
