@@ -10,7 +10,9 @@ The score of a layer (eq. (11)) is ``t_comp + t_data + t_ov``: the slowest devic
 (5)), the rows it needs of the layer's input and does not hold, over its bandwidth (eqs. (6)–(8)), and the
 shared rows at the speed of each device computing them (eqs. (9)–(10)). Eq. (12) attaches the data between
 layers ``l`` and ``l+1`` to layer ``l``; here it is attached to the layer that needs it (the same sum), so a
-layer's score reads its input holder: the previous layer's partition, or nothing for the first layer.
+layer's score reads its input holder: the previous layer's partition, or for the first layer the head, which
+holds the whole input and sends the others the rows they read (``source``; the paper leaves the input's
+distribution out: here it is measured traffic, so it is scored).
 
 Times are seconds. ``speed_d`` is not entered by hand: a device's seconds per MAC and per layer come from a
 linear fit of its class's measured layer times on their MACs (``fit_speed``).
@@ -217,9 +219,20 @@ def next_data(nxt: LayerCost, d: int, s: int, e: int, following: Partition) -> f
     return rows * nxt.layer.in_row_bytes / float(nxt.bw[d])
 
 
+def source(cost: LayerCost) -> Partition:
+    """Who holds the first layer's input: the head (device 0) all of it, the others none. The rows another
+    device's first tile reads are sent to it (the scatter), over its link like any other rows."""
+    return ((0, cost.layer.window.in_size),) + ((0, 0),) * (len(cost.devices) - 1)
+
+
+def holder_of(costs: list[LayerCost], plan: list[Partition], i: int) -> Partition:
+    """The holder of layer ``i``'s input: the previous layer's partition, or the head for the first layer."""
+    return plan[i - 1] if i else source(costs[0])
+
+
 def network_score(costs: list[LayerCost], plan: list[Partition]) -> float:
-    """Eq. (12) unrolled: every layer's score, each reading the previous layer's partition."""
-    return sum(c.score(p, plan[i - 1] if i else None) for i, (c, p) in enumerate(zip(costs, plan)))
+    """Eq. (12) unrolled: every layer's score, each reading its input's holder (the scatter included)."""
+    return sum(c.score(p, holder_of(costs, plan, i)) for i, (c, p) in enumerate(zip(costs, plan)))
 
 
 def network_bytes(costs: list[LayerCost], plan: list[Partition]) -> int:

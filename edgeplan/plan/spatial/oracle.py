@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from edgeplan.plan.spatial.cost import LayerCost, Partition, Space, next_data
+from edgeplan.plan.spatial.cost import LayerCost, Partition, Space, next_data, source
 
 
 def _terms(cost: LayerCost, space: Space, holder: Partition | None, nxt: LayerCost | None,
@@ -115,8 +115,8 @@ def layer_dp(cost: LayerCost, space: Space, holder: Partition | None, *, nxt: La
 def chain_dp(costs: list[LayerCost], spaces: list[Space]) -> tuple[float, tuple[Partition, ...]]:
     """The exact best plan of a chain of layers (eq. (12)) by a Viterbi pass over every partition."""
     parts = [list(sp.enumerate()) for sp in spaces]
-    own = [np.array([c.score(p, None) for p in ps]) for c, ps in zip(costs, parts)]
-    total = own[0]
+    own = [np.array([c.score(p, None) for p in ps]) for c, ps in zip(costs, parts)]  # no data: added below
+    total = np.array([costs[0].score(p, source(costs[0])) for p in parts[0]])
     back = []
     for i in range(1, len(costs)):
         cost, prev, cur = costs[i], parts[i - 1], parts[i]

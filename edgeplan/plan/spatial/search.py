@@ -37,8 +37,10 @@ from edgeplan.plan.spatial.cost import (
     LayerCost,
     Partition,
     Space,
+    holder_of,
     network_score,
     next_data,
+    source,
 )
 
 
@@ -181,7 +183,7 @@ class Plan:
 
 def _local(costs: list[LayerCost], plan: list[Partition], i: int, p: Partition) -> float:
     """What layer ``i`` taking ``p`` adds to eq. (12): its own score and the data the next layer then needs."""
-    own = costs[i].score(p, plan[i - 1] if i else None)
+    own = costs[i].score(p, holder_of(costs, plan, i))
     return own + (costs[i + 1].t_data(plan[i + 1], p) if i + 1 < len(plan) else 0.0)
 
 
@@ -203,7 +205,7 @@ def search_network(layers: list[Layer], devices: tuple[Device, ...], threshold: 
     counters = Counters()
     # Forward (eq. (12) from the first layer): ``beam`` partial plans, each extended by the ``beam`` best
     # partitions of the next layer given its last one; the best ``beam`` distinct ends are kept.
-    states: dict[Partition | None, tuple[float, tuple[Partition, ...]]] = {None: (0.0, ())}
+    states: dict[Partition, tuple[float, tuple[Partition, ...]]] = {source(costs[0]): (0.0, ())}
     for cost, space in zip(costs, spaces):
         nxt: dict[Partition, tuple[float, tuple[Partition, ...]]] = {}
         for holder, (r, head) in states.items():
@@ -217,7 +219,7 @@ def search_network(layers: list[Layer], devices: tuple[Device, ...], threshold: 
         sweeps += 1
         changed = False
         for i in [*range(len(plan) - 2, -1, -1), *range(1, len(plan))]:
-            holder = plan[i - 1] if i else None
+            holder = holder_of(costs, plan, i)
             following = plan[i + 1] if i + 1 < len(plan) else None
             nxt = costs[i + 1] if following is not None else None
             now = _local(costs, plan, i, plan[i])
