@@ -8,7 +8,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +39,24 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
         json.dump(_to_jsonable(data), f, indent=2, sort_keys=False)
         f.write("\n")
     os.replace(tmp, path)
+
+
+@contextmanager
+def staged_dir(out: str | os.PathLike):
+    """A scratch directory beside ``out`` that replaces ``out`` when the block ends without an error; on an
+    error it is removed and ``out`` is left as it was."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        yield scratch
+        scratch.chmod(0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        scratch.rename(out)
+    finally:
+        if scratch.exists():
+            shutil.rmtree(scratch)
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:

@@ -18,8 +18,6 @@ when verification fails.
 from __future__ import annotations
 
 import hashlib
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from edgeplan.artifacts import write_json_atomic
+from edgeplan.artifacts import staged_dir, write_json_atomic
 from edgeplan.errors import SpecError
 from edgeplan.graph.model import GraphView
 from edgeplan.plan.multidevice.spec import Mapping, Platform, mapping_doc
@@ -204,10 +202,7 @@ def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: P
     int8_bytes = (root / "model_int8.tflite").read_bytes()
     graph = TfliteGraph(int8_bytes)
     stage_list = stages(graph, units, mapping)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with staged_dir(out) as scratch:
         (scratch / "int8").mkdir()
         (scratch / "float").mkdir()
         blobs = {}
@@ -242,14 +237,7 @@ def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: P
             "verify": check, "split_s": round(t_front, 3), "total_s": round(time.perf_counter() - t0, 3),
         }
         write_json_atomic(scratch / "split.json", summary)
-        scratch.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        scratch.rename(out)
-        return summary
-    finally:
-        if scratch.exists():
-            shutil.rmtree(scratch)
+    return summary
 
 
 def verify(d: Path, table: dict, model: onnx.ModelProto, int8_bytes: bytes, xs: np.ndarray, samples: int,

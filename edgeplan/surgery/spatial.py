@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -33,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgeplan.artifacts import write_json_atomic
+from edgeplan.artifacts import staged_dir, write_json_atomic
 from edgeplan.errors import PlanError
 from edgeplan.plan.multidevice.spec import Device
 from edgeplan.plan.spatial.ops import TYPE1, TYPE2, tflite_type
@@ -493,10 +491,7 @@ def split(root: Path, plan: list[tuple[Interval, ...]], devices: list[Device], o
     check = verify(table, blob, int8, samples=samples, seed=seed)
     if min(check.values()) < 1.0:
         raise PlanError(f"the tiles do not give the int8 model's outputs ({check}); nothing written to {out}")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with staged_dir(out) as scratch:
         (scratch / "int8").mkdir()
         for name, data in blob.items():
             (scratch / name).write_bytes(data)
@@ -515,11 +510,4 @@ def split(root: Path, plan: list[tuple[Interval, ...]], devices: list[Device], o
             "tiles_s": round(t_tiles, 3), "total_s": round(time.perf_counter() - t0, 3), **(extra or {}),
         }
         write_json_atomic(scratch / "spatial.json", summary)
-        scratch.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        scratch.rename(out)
-        return summary
-    finally:
-        if scratch.exists():
-            shutil.rmtree(scratch)
+    return summary

@@ -9,6 +9,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from edgeplan.zoo.onnx_build import finish, save_once
+
 # (name, out channels, kernel, stride, pad), "pool" for a 3x3 stride-2 max pool
 LAYERS = [("conv1", 64, 11, 4, 2), "pool", ("conv2", 192, 5, 1, 2), "pool", ("conv3", 384, 3, 1, 1),
           ("conv4", 256, 3, 1, 1), ("conv5", 256, 3, 1, 1), "pool"]
@@ -49,13 +51,8 @@ def model(seed: int = 0) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "alexnet", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
                                                                                [1, 3, 224, 224])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1000])], inits)
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
+    return finish(graph)
 
 
 def build(out: Path) -> Path:
-    path = out.with_suffix(".onnx")
-    if not path.is_file():
-        onnx.save(model(), str(path))
-    return path
+    return save_once(out, model)

@@ -10,6 +10,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from edgeplan.zoo.onnx_build import finish, save_once
+
 # (name, out channels, kernel, stride, dilation, pads or "SAME"); ("maxpool"|"avgpool", kernel, stride, pad)
 LAYERS = [("conv1", 8, 3, 1, 1, 1), ("conv2", 16, 3, 2, 1, "SAME"), ("conv3", 16, 5, 1, 2, 4),
           ("maxpool", 3, 2, 1), ("conv4", 24, 3, 2, 1, 1), ("avgpool", 3, 1, 1), ("conv5", 32, 3, 1, 1, "SAME")]
@@ -47,13 +49,8 @@ def model(seed: int = 0) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "spatial_chain",
                               [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 45, 45])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])], inits)
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m
+    return finish(graph)
 
 
 def build(out: Path) -> Path:
-    path = out.with_suffix(".onnx")
-    if not path.is_file():
-        onnx.save(model(), str(path))
-    return path
+    return save_once(out, model)
