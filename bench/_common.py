@@ -77,6 +77,21 @@ def second_core() -> dict:
     return {"value": round(statistics.median(both) / alone, 3), "alone_ms": alone, "two_at_once_ms": both}
 
 
+def int8_frames(graph, n: int, seed: int):
+    """``n`` seeded random int8 frames for a ``TfliteGraph`` and the whole int8 model's outputs for them
+    (XNNPACK, as the MPI ranks run)."""
+    import numpy as np
+
+    from edgeplan.quantize import litert
+    from edgeplan.runtime.stream import invoke_named
+
+    whole = litert.interpreter(graph.data, deterministic=False)
+    t = graph.tensors[graph.inputs[0]]
+    xs = litert.random_value((n, *t.shape), np.int8, np.random.default_rng(seed))
+    out = graph.tensors[graph.outputs[0]].name
+    return xs, np.stack([invoke_named(whole, {t.name: x})[out] for x in xs])
+
+
 def compiled(work: Path, zoo: str, log, also: tuple[Path, ...] = ()) -> Path:
     """The zoo model compiled as the CLI does it (``edgeplan compile``): reused from ``work`` or from the work
     directories ``also`` (other benches'), else compiled into ``work``."""

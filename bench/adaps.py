@@ -54,7 +54,7 @@ import onnx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import compiled, machine, publish, pyplot
+from bench._common import compiled, int8_frames, machine, publish, pyplot
 from edgeplan.graph.ingest import canonicalise, load_any
 from edgeplan.graph.model import GraphView
 from edgeplan.plan.spatial import baselines, oracle, search
@@ -203,18 +203,6 @@ def networks(speeds: dict) -> tuple[dict, dict, dict, dict]:
     return gaps, times, reduction, regions
 
 
-def _frames(graph: TfliteGraph, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded int8 frames and the whole int8 model's outputs for them (XNNPACK, as the ranks run)."""
-    from edgeplan.quantize import litert
-    from edgeplan.runtime.stream import invoke_named
-
-    whole = litert.interpreter(graph.data, deterministic=False)
-    t = graph.tensors[graph.inputs[0]]
-    xs = litert.random_value((n, *t.shape), np.int8, np.random.default_rng(7))
-    out = graph.tensors[graph.outputs[0]].name
-    return xs, np.stack([invoke_named(whole, {t.name: x})[out] for x in xs])
-
-
 def _launch(split: Path, frames: int, state: dict) -> dict:
     """One mpirun of ``frames`` frames, one at a time (``--window 0``: the head feeds a frame once the last is
     out); the veths' bytes counted around it."""
@@ -248,7 +236,7 @@ def execution(speeds: dict) -> dict:
         art = compiled(WORK, zoo, log)
         graph = TfliteGraph((art / "model_int8.tflite").read_bytes())
         layers = list(region(GraphView(onnx.load(str(art / "model.onnx"), load_external_data=False)), "H").layers)
-        xs, want = _frames(graph, FRAMES)
+        xs, want = int8_frames(graph, FRAMES, seed=7)
         for n in (2, 4):
             for link, bw in LINKS.items():
                 key = f"{net}/{n}dev/{link}"

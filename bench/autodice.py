@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from _common import compiled, machine, publish, pyplot  # noqa: E402
+from _common import compiled, int8_frames, machine, publish, pyplot  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = {"VGG-19": "vgg19_224", "ResNet-101": "resnet101_224", "DenseNet-121": "densenet121_224"}
@@ -96,18 +96,6 @@ def _float_inputs(d: Path) -> np.ndarray:
 
     view = GraphView(onnx.load(str(d / "model.onnx"), load_external_data=False))
     return np.random.default_rng(0).normal(size=(2, *view.shape(view.input.name)[1:])).astype(np.float32)
-
-
-def _frames(graph, frames: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Random int8 frames and the whole int8 model's outputs for them (XNNPACK, as the ranks run)."""
-    from edgeplan.quantize import litert
-    from edgeplan.runtime.stream import invoke_named
-
-    whole = litert.interpreter(graph.data, deterministic=False)
-    t = graph.tensors[graph.inputs[0]]
-    xs = litert.random_value((frames, *t.shape), np.int8, np.random.default_rng(seed))
-    out = graph.tensors[graph.outputs[0]].name
-    return xs, np.stack([invoke_named(whole, {t.name: x})[out] for x in xs])
 
 
 def check_links(state: dict) -> dict:
@@ -170,7 +158,7 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
     picks = sorted({round(q * (len(front) - 1)) for q in np.linspace(0, 1, 5)}
                    | {int(np.argmin([p.memory_bytes for p in front]))})
     single = explore.single_device(c, us, plat8)
-    xs, want = _frames(graph, frames, seed=3)
+    xs, want = int8_frames(graph, frames, seed=3)
     res["points"] = []
     for k, pick in enumerate([*picks, "single"]):
         p = single if pick == "single" else front[pick]
@@ -203,7 +191,7 @@ def speedup(prep: dict, work: Path, frames: int) -> dict:
         front, _ = explore.explore(c, us, plat, generations=100)
         best = min((p for p in front if len(p.mapping) == 2), key=lambda p: p.period_s)
         single = explore.single_device(c, us, plat)
-        xs, want = _frames(prep["graph"], frames, seed=4)
+        xs, want = int8_frames(prep["graph"], frames, seed=4)
         two = run_point(prep, best.mapping, plat, work / "runs" / zoo / "two", frames, xs, want, NAME + "-2")
         one = run_point(prep, single.mapping, plat, work / "runs" / zoo / "one", frames, xs, want, NAME + "-2")
         share = max(two["cpu_share"])  # the bottleneck rank wants a whole core all the time: did it get it?

@@ -123,7 +123,8 @@ def _run_float(paths: list[Path], x: dict[str, np.ndarray]) -> dict[str, np.ndar
 
 
 # ------------------------------------------------------------------------------------------------- tables
-def _detail(graph: TfliteGraph, ix: int) -> dict:
+def tensor_detail(graph: TfliteGraph, ix: int) -> dict:
+    """A tensor as the tables describe it: shape, dtype, bytes and int8 quantization (a fresh dict)."""
     t = graph.tensors[ix]
     return {"shape": list(t.shape), "dtype": t.dtype, "nbytes": tensor_bytes(graph, ix),
             "scale": list(t.scale), "zero_point": list(t.zero_point)}
@@ -146,7 +147,7 @@ def tables(graph: TfliteGraph, view: GraphView, units: Units, mapping: Mapping, 
         sender = made_by[ix][1]
         remote = sorted(readers.get(ix, set()) - {sender})
         if remote:
-            buffers[name[ix]] = {"tag": len(buffers), **_detail(graph, ix), "float": float_of.get(ix),
+            buffers[name[ix]] = {"tag": len(buffers), **tensor_detail(graph, ix), "float": float_of.get(ix),
                                  "sender": sender, "receivers": remote}
     sender: dict[str, dict] = {str(r): {} for r in range(len(mapping.keys))}
     receiver: dict[str, dict] = {str(r): {} for r in range(len(mapping.keys))}
@@ -161,8 +162,8 @@ def tables(graph: TfliteGraph, view: GraphView, units: Units, mapping: Mapping, 
                       "stages": [s.index for s in stage_list if s.rank == r]})
     return {
         "head": HEAD,
-        "input": {"name": name[model_in], **_detail(graph, model_in), "float": view.input.name},
-        "output": {"name": name[model_out], **_detail(graph, model_out), "float": view.output.name,
+        "input": {"name": name[model_in], **tensor_detail(graph, model_in), "float": view.input.name},
+        "output": {"name": name[model_out], **tensor_detail(graph, model_out), "float": view.output.name,
                    "rank": made_by[model_out][1]},
         "ranks": ranks,
         "stages": [{"index": s.index, "rank": s.rank, "int8": f"int8/s{s.index}.tflite",

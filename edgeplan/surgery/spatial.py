@@ -22,10 +22,9 @@ tile reads. Everything is written as the multi-device tables (``distributed/rank
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property
 from itertools import pairwise
 from pathlib import Path
 
@@ -34,9 +33,11 @@ import numpy as np
 from edgeplan.artifacts import staged_dir, write_json_atomic
 from edgeplan.errors import PlanError
 from edgeplan.plan.multidevice.spec import Device
+from edgeplan.plan.spatial.intervals import Window
 from edgeplan.plan.spatial.ops import TYPE1, TYPE2, tflite_type
 from edgeplan.quantize.stream import cut_ops
-from edgeplan.quantize.tflite_graph import TfliteGraph, tensor_bytes
+from edgeplan.quantize.tflite_graph import TfliteGraph
+from edgeplan.surgery.multidevice import tensor_detail
 
 Interval = tuple[int, int]
 AXES = {"H": 1, "W": 2}  # NHWC
@@ -62,15 +63,16 @@ class ChainOp:
     def pads(self, h: int) -> tuple[int, int]:
         if not self.same:
             return self.fixed
-        total = max((math.ceil(h / self.stride) - 1) * self.stride + (self.kernel - 1) * self.dilation + 1 - h, 0)
-        return total // 2, total - total // 2
+        w = Window.same(self.kernel, self.stride, h, self.dilation)
+        return w.pad_begin, w.pad_end
 
     def out(self, h: int) -> int:
         begin, end = self.pads(h)
         return (h + begin + end - (self.kernel - 1) * self.dilation - 1) // self.stride + 1
 
-    @property
+    @cached_property
     def pad_begin(self) -> int:
+        """The whole tensor's padding before its first row (read for every tap a tile simulation checks)."""
         return self.pads(self.in_size)[0]
 
 
@@ -245,8 +247,11 @@ class Tiling:
 
 def groups_of(layers: list[ChainLayer], plan: list[tuple[Interval, ...]], d: int) -> list[tuple[int, int]]:
     """Device ``d``'s groups: a new one starts at each layer whose input rows it needs and did not compute."""
-    cuts = [k for k in range(1, len(layers)) if not (plan[k - 1][d][0] <= needs([layers[k]], plan[k][d])[0]
-                                                     and needs([layers[k]], plan[k][d])[1] <= plan[k - 1][d][1])]
+    def computed(k: int) -> bool:
+        (s, e), (hs, he) = needs([layers[k]], plan[k][d]), plan[k - 1][d]
+        return hs <= s and e <= he
+
+    cuts = [k for k in range(1, len(layers)) if not computed(k)]
     bounds = [0, *cuts, len(layers)]
     return [(bounds[i], bounds[i + 1] - 1) for i in range(len(bounds) - 1)]
 
@@ -348,13 +353,12 @@ def tables(graph: TfliteGraph, t: Tiling, devices: list[dict], blobs: dict[str, 
     model_in, model_out = graph.inputs[0], graph.outputs[0]
 
     def detail(ix: int, rows: int | None = None) -> dict:
-        tt = graph.tensors[ix]
-        shape, nbytes = list(tt.shape), tensor_bytes(graph, ix)
+        """The tensor as the multi-device tables describe it, or ``rows`` of it along the axis."""
+        out = tensor_detail(graph, ix)
         if rows is not None:
-            nbytes = nbytes // shape[t.axis] * rows
-            shape[t.axis] = rows
-        return {"shape": shape, "dtype": tt.dtype, "nbytes": nbytes, "scale": list(tt.scale),
-                "zero_point": list(tt.zero_point)}
+            out["nbytes"] = out["nbytes"] // out["shape"][t.axis] * rows
+            out["shape"][t.axis] = rows
+        return out
 
     def tensor_of(layer: int) -> int:
         return model_in if layer < 0 else t.layers[layer].tensor
@@ -411,7 +415,7 @@ def bytes_moved(table: dict) -> dict:
 
 def run_tables(table: dict, blob: dict[str, bytes], x: np.ndarray, interpreter) -> np.ndarray:
     """Every rank's stages in one process, in order, rows passed as the ranks pass them (verification only:
-    ``interpreter(bytes)`` builds an unallocated LiteRT interpreter)."""
+    ``interpreter(bytes)`` gives a LiteRT interpreter of a segment; its input is resized here)."""
     from edgeplan.distributed.rows import Rows, keep
 
     axis = table["axis"]
@@ -450,6 +454,20 @@ def run_tables(table: dict, blob: dict[str, bytes], x: np.ndarray, interpreter) 
     return result
 
 
+def _built_once(deterministic: bool):
+    """A segment -> interpreter factory that builds each segment once, for every sample (building is the cost)."""
+    from edgeplan.quantize import litert
+
+    built: dict[bytes, object] = {}
+
+    def get(data: bytes) -> object:
+        if data not in built:
+            built[data] = litert.interpreter(data, deterministic=deterministic)
+        return built[data]
+
+    return get
+
+
 def verify(table: dict, blob: dict[str, bytes], model: bytes, *, samples: int = 2, seed: int = 0) -> dict:
     """The tiles run as the ranks run them (``run_tables``) against the whole int8 model, on seeded random
     inputs, with the builtin kernels and with XNNPACK: the fraction of outputs identical, per kernel set."""
@@ -461,13 +479,8 @@ def verify(table: dict, blob: dict[str, bytes], model: bytes, *, samples: int = 
     out = {}
     for kernels, deterministic in (("builtin", True), ("xnnpack", False)):
         whole = litert.interpreter(model, deterministic=deterministic)
-        same = 0
-        for x in xs:
-            whole.set_tensor(whole.get_input_details()[0]["index"], x)
-            whole.invoke()
-            ref = whole.get_tensor(whole.get_output_details()[0]["index"])
-            got = run_tables(table, blob, x, partial(litert.interpreter, deterministic=deterministic))
-            same += bool(np.array_equal(got, ref))
+        segment = _built_once(deterministic)
+        same = sum(bool(np.array_equal(run_tables(table, blob, x, segment), litert.run(whole, x))) for x in xs)
         out[f"int8_identical_{kernels}"] = same / samples
     return out
 
@@ -476,7 +489,7 @@ def split(root: Path, plan: list[tuple[Interval, ...]], devices: list[Device], o
           samples: int = 2, seed: int = 0, extra: dict | None = None) -> dict:
     """Write the tiles of ``plan`` for the artifact ``root`` (``model_int8.tflite``) to ``out``: one MPI rank per
     platform device in ``devices`` (the order of the plan's partitions; the first is the head). Verified first in
-    a scratch directory — the tiles as the ranks run them identical to the whole int8 model with both kernel
+    process — the tiles as the ranks run them identical to the whole int8 model with both kernel
     sets — and nothing is written when they are not. Returns spatial.json's content (``extra`` merged in)."""
     t0 = time.perf_counter()
     int8 = (Path(root) / "model_int8.tflite").read_bytes()

@@ -3,7 +3,6 @@ are the int8 model's, and every failure names its rank and leaves no process beh
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 
 import numpy as np
@@ -19,10 +18,6 @@ from edgeplan.surgery import multidevice
 
 PLATFORM = "dev0, cpu, slots=0, host=localhost\ndev1, cpu, slots=0-1, host=localhost\ndev2, cpu, slots=1, host=localhost\n"
 
-
-def _ranks_left() -> str:
-    out = subprocess.run(["pgrep", "-af", "edgeplan.distributed.rank|prterun|prted"], capture_output=True, text=True)
-    return "\n".join(x for x in out.stdout.splitlines() if "pgrep" not in x)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +36,7 @@ def split(compiled, params, tmp_path_factory):
     return d, out
 
 
-def test_ranks_give_the_int8_models_outputs(split, tmp_path):
+def test_ranks_give_the_int8_models_outputs(split, tmp_path, ranks_left):
     d, out = split
     t = json.loads((out / "tables.json").read_text())
     assert len(t["stages"]) == 9
@@ -55,7 +50,7 @@ def test_ranks_give_the_int8_models_outputs(split, tmp_path):
     whole = litert.interpreter((d / "model_int8.tflite").read_bytes(), deterministic=False)
     want = np.stack([invoke_named(whole, {t["input"]["name"]: x})[t["output"]["name"]] for x in xs])
     assert np.array_equal(np.load(tmp_path / "y.npy"), want)
-    assert not _ranks_left()
+    assert not ranks_left()
 
 
 @pytest.mark.parametrize("fault,says", [
@@ -64,16 +59,16 @@ def test_ranks_give_the_int8_models_outputs(split, tmp_path):
     ("0:2:exit", r"^rank 0 on localhost failed .* rank [12] on \S+ \(.*frame 2\) lost it"),
     ("1:4:hang", r"^rank 1 on localhost stopped answering .*: rank [02] on \S+ \(.*frame 4\) waited 2 s for .*rank 1"),
 ])
-def test_a_failing_rank_is_named_and_nothing_is_left(split, fault, says):
+def test_a_failing_rank_is_named_and_nothing_is_left(split, fault, says, ranks_left):
     _, out = split
     t0 = time.perf_counter()
     with pytest.raises(launch.DistributedError, match=says):
         launch.run(out, frames=20, timeout_s=60, deadline_s=2, extra=["--fault", fault])
     assert time.perf_counter() - t0 < 15
-    assert not _ranks_left()
+    assert not ranks_left()
 
 
-def test_a_tampered_stage_is_refused_before_any_frame(split, tmp_path):
+def test_a_tampered_stage_is_refused_before_any_frame(split, tmp_path, ranks_left):
     import shutil
 
     _, out = split
@@ -84,7 +79,7 @@ def test_a_tampered_stage_is_refused_before_any_frame(split, tmp_path):
     (bad / victim["int8"]).write_bytes((bad / victim["int8"]).read_bytes()[:-1] + b"\0")
     with pytest.raises(launch.DistributedError, match=rf"rank 2 on \S+: {victim['int8']}: sha256 differs"):
         launch.run(bad, frames=4, timeout_s=60)
-    assert not _ranks_left()
+    assert not ranks_left()
 
 
 def test_runtime_cli(split, tmp_path, capsys):
@@ -97,13 +92,13 @@ def test_runtime_cli(split, tmp_path, capsys):
     assert "tables.json: missing" in e and len(e.strip().splitlines()) == 1
 
 
-def test_the_hard_deadline_kills_everything(split):
+def test_the_hard_deadline_kills_everything(split, ranks_left):
     _, out = split
     t0 = time.perf_counter()
     with pytest.raises(launch.DistributedError, match="did not finish within 4 s"):
         launch.run(out, frames=20, timeout_s=4, deadline_s=60, extra=["--fault", "1:2:hang"])
     assert time.perf_counter() - t0 < 10
-    assert not _ranks_left()
+    assert not ranks_left()
 
 
 @pytest.mark.parametrize("edit,says", [
@@ -111,16 +106,10 @@ def test_the_hard_deadline_kills_everything(split):
                                                                    r"'\.\./\.\./\.\./etc/passwd'"),
     (lambda t: next(iter(t["buffers"].values())).update(shape=[1 << 30, 1 << 30]), r"is 1152921504606846976 bytes"),
 ])
-def test_a_malformed_tables_json_is_refused_before_any_frame(split, tmp_path, edit, says):
-    import shutil
-
+def test_a_malformed_tables_json_is_refused_before_any_frame(split, tmp_path, edit, says, ranks_left, edited_split):
     _, out = split
-    bad = tmp_path / "md"
-    shutil.copytree(out, bad)
-    t = json.loads((bad / "tables.json").read_text())
-    edit(t)
-    (bad / "tables.json").write_text(json.dumps(t))
+    bad = edited_split(out, edit)
     with pytest.raises(launch.DistributedError, match=rf"^rank \d on \S+: tables.json .*{says}"):
         launch.run(bad, frames=4, timeout_s=60, extra=["--out", str(tmp_path / "y.npy")])
-    assert not (tmp_path / "y.npy").exists() and not _ranks_left()
+    assert not (tmp_path / "y.npy").exists() and not ranks_left()
     assert sorted(p.name for p in bad.iterdir()) == sorted(p.name for p in out.iterdir())  # nothing added or lost

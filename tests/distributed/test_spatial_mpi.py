@@ -4,8 +4,6 @@ the outputs are the whole int8 model's and the bytes each rank sends are the tab
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -19,11 +17,6 @@ from edgeplan.surgery import spatial
 
 PLATFORM = "dev0, cpu, slots=0, host=localhost\ndev1, cpu, slots=1, host=localhost\ndev2, cpu, slots=0, host=localhost\n"
 
-
-def _ranks_left() -> str:
-    out = subprocess.run(["pgrep", "-af", "edgeplan.distributed.rank|prterun|prted"], capture_output=True, text=True,
-                         check=False)
-    return "\n".join(x for x in out.stdout.splitlines() if "pgrep" not in x)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +35,7 @@ def tiles(compiled, tmp_path_factory):
     return d, out
 
 
-def test_ranks_give_the_int8_models_outputs(tiles, tmp_path):
+def test_ranks_give_the_int8_models_outputs(tiles, tmp_path, ranks_left):
     d, out = tiles
     t = json.loads((out / "tables.json").read_text())
     xs = np.random.default_rng(3).integers(-128, 127, (12, *t["input"]["shape"]), endpoint=True).astype(np.int8)
@@ -56,7 +49,7 @@ def test_ranks_give_the_int8_models_outputs(tiles, tmp_path):
     for b in t["buffers"].values():
         per_frame[b["sender"]] += b["nbytes"]
     assert {k["rank"]: k["sent_bytes"] for k in r.summary["ranks"]} == {k: v * 12 for k, v in per_frame.items()}
-    assert not _ranks_left()
+    assert not ranks_left()
 
 
 def _reversed_keep(t: dict) -> None:
@@ -69,13 +62,9 @@ def _reversed_keep(t: dict) -> None:
     (lambda t: next(iter(t["buffers"].values())).update(rows=[0, 999]), r"is not rows \[0, 999\] of a tensor"),
     (lambda t: t.update(axis=3), "axis 3 is neither"),
 ])
-def test_malformed_tile_tables_are_refused(tiles, tmp_path, edit, says):
+def test_malformed_tile_tables_are_refused(tiles, edit, says, ranks_left, edited_split):
     _, out = tiles
-    bad = tmp_path / "tiles"
-    shutil.copytree(out, bad)
-    t = json.loads((bad / "tables.json").read_text())
-    edit(t)
-    (bad / "tables.json").write_text(json.dumps(t))
+    bad = edited_split(out, edit)
     with pytest.raises(launch.DistributedError, match=rf"rank \d on \S+: tables.json.*{says}"):
         launch.run(bad, frames=2, timeout_s=60)
-    assert not _ranks_left()
+    assert not ranks_left()

@@ -115,8 +115,10 @@ def layer_dp(cost: LayerCost, space: Space, holder: Partition | None, *, nxt: La
 def chain_dp(costs: list[LayerCost], spaces: list[Space]) -> tuple[float, tuple[Partition, ...]]:
     """The exact best plan of a chain of layers (eq. (12)) by a Viterbi pass over every partition."""
     parts = [list(sp.enumerate()) for sp in spaces]
-    own = [np.array([c.score(p, None) for p in ps]) for c, ps in zip(costs, parts)]  # no data: added below
-    total = np.array([costs[0].score(p, source(costs[0])) for p in parts[0]])
+    # each layer's own score without data (the data between layers is added below); the first reads the head
+    own = [np.array([c.score(p, source(c) if i == 0 else None) for p in ps])
+           for i, (c, ps) in enumerate(zip(costs, parts))]
+    total = own[0]
     back = []
     for i in range(1, len(costs)):
         cost, prev, cur = costs[i], parts[i - 1], parts[i]
