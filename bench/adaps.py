@@ -41,10 +41,8 @@ branch until path analysis (§4.2) lands — each network's region is in the res
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import compiled, int8_frames, machine, publish, pyplot
 from edgeplan.graph.ingest import canonicalise, load_any
 from edgeplan.graph.model import GraphView
-from edgeplan.plan.spatial import baselines, oracle, search
+from edgeplan.plan.spatial import baselines, oracle, search, speed
 from edgeplan.plan.spatial.blocks import region
 from edgeplan.plan.spatial.cost import (
     Device,
@@ -98,29 +96,6 @@ PAPER_T5 = {("AlexNet", "10M"): (1.05, 0.88), ("AlexNet", "100M"): (0.86, 0.72),
 
 def log(msg: str) -> None:
     print(f"[adaps] {msg}", flush=True)
-
-
-def class_speed(tflite: Path, name: str, quota: float) -> dict:
-    """The class's fit, measured in a child process held to ``quota`` CPUs by a cgroup (10 ms period)."""
-    cg = CGROUP / f"edgeplan-bench-adaps-{name}"
-    cg.mkdir(exist_ok=True)
-    try:
-        (cg / "cpu.cfs_period_us").write_text("10000")
-        (cg / "cpu.cfs_quota_us").write_text(str(int(quota * 10000)))
-        repo = Path(__file__).resolve().parent.parent
-        cmd = [sys.executable, "-m", "edgeplan.plan.spatial.speed", str(tflite)]
-        res = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True,
-                             check=False, preexec_fn=lambda: (cg / "cgroup.procs").write_text(str(os.getpid())))
-        if res.returncode != 0:
-            raise RuntimeError(f"speed fit for {name}: {res.stderr.strip().splitlines()[-1:]}")
-        return {"quota": quota, **json.loads(res.stdout)}
-    finally:
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
 
 
 def canonical(zoo: str) -> onnx.ModelProto:
@@ -336,7 +311,7 @@ def main() -> int:
     alex = compiled(WORK, "alexnet_224", log)
     speeds = {}
     for name, quota in QUOTAS.items():
-        speeds[name] = class_speed(alex / "model_int8.tflite", name, quota)
+        speeds[name] = speed.measure(alex / "model_int8.tflite", quota)
         log(f"{name} ({quota} core): {1e12 * speeds[name]['s_per_mac']:.1f} ps/MAC, "
             f"{1e3 * speeds[name]['s_per_layer']:.2f} ms/layer")
     cells = table6(speeds)

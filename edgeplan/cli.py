@@ -13,6 +13,8 @@
     edgeplan fleet                                check and list the fleet registry
     edgeplan plan swapless --deployment NAME      SwapLess points and cores for a deployment -> plans/swapless.json
     edgeplan plan flashmem --deployment NAME      FlashMem overlap plans streaming weights -> plans/flashmem.json
+    edgeplan plan parallax --deployment NAME      Parallax: suffixes run branch-parallel -> plans/parallax.json
+    edgeplan plan spatial --deployment NAME       ADaPS: one model split along H/W over devices -> plans/spatial.json
     edgeplan units ARTIFACT_DIR                   the layers a multi-device mapping keeps together (fused units)
     edgeplan split ARTIFACT_DIR --mapping M ...   one model over several devices: stages, tables, rankfile (AutoDiCE)
 """
@@ -318,8 +320,14 @@ def cmd_profile_run(args, params) -> int:
         with _progress() as update:
             prof = run.profile(model_dir, device_class, settings, update, predictor=predictor,
                                sample=args.sample, cpu_prefixes=args.cpu_prefixes,
-                               capacity_rounds=int(params["flashmem"]["capacity_rounds"]))
+                               capacity_rounds=int(params["flashmem"]["capacity_rounds"]),
+                               conv_speed=args.conv_speed)
         print_profile(prof)
+        if prof.conv_speed is not None:
+            c = prof.conv_speed
+            console.print(f"conv speed (ADaPS speed_d, {len(c.macs)} conv timings"
+                          + (f" under cpu quota {c.quota:g}" if c.quota is not None else "") + f"): "
+                          f"{c.s_per_mac * 1e12:.2f} ps/MAC + {c.s_per_layer * 1e3:.3f} ms/layer")
         console.print(f"wrote {model_dir / 'profiles' / f'{device_class.name}.json'}")
         if args.summary_json:
             from edgeplan.artifacts import write_json_atomic
@@ -497,6 +505,57 @@ def cmd_plan_flashmem(args, params) -> int:
     return 0
 
 
+def cmd_plan_parallax(args, params) -> int:
+    from edgeplan.plan.parallax.deployment import plan_parallax
+
+    plan, path = plan_parallax(Path(args.out), args.deployment, params)
+    t = table(f"Parallax plan for {plan.deployment} on {plan.device_class} (measured on this host; budget "
+              f"{plan.budget_bytes / 2**20:.0f} MiB)",
+              ("model", "version", "workers", "point", "parallel layers", "stages", "sub-models", "suffix ms",
+               "plan ms"), right=("workers", "point", "parallel layers", "stages", "sub-models", "suffix ms", "plan ms"))
+    for m in plan.models:
+        for pp in m.points:
+            t.add_row(m.name, m.version, str(m.workers), str(pp.point), str(pp.parallel_layers), str(len(pp.stages)),
+                      str(sum(len(st.submodels) for st in pp.stages)),
+                      "-" if pp.whole_ms is None else f"{pp.whole_ms:.2f}",
+                      "-" if pp.plan_ms is None else f"{pp.plan_ms:.2f}")
+        if not m.points:
+            t.add_row(m.name, m.version, str(m.workers), "-", "0", "-", "-", "-", "-")
+    console.print(t)
+    for m in plan.models:
+        console.print(f"{m.name}: {m.why}")
+    console.print(f"wrote {path}")
+    return 0
+
+
+def cmd_plan_spatial(args, params) -> int:
+    from edgeplan.plan.spatial.deployment import plan_spatial
+
+    dims = tuple(x.strip().upper() for x in args.dims.split(",") if x.strip()) if args.dims else None
+    with console.status("ADaPS search and int8 tiles"):
+        record, path = plan_spatial(Path(args.out), args.deployment, params, args.threshold, dims)
+    t = table(f"ADaPS plan for {record['deployment']}: {record['model']} {record['version']} split along "
+              f"{record['axis']} (threshold {record['threshold']:g})",
+              ("device", "host", "ps/MAC", "ms/layer", "Mbit/s", "cpu quota", "rows of the first layer"),
+              right=("ps/MAC", "ms/layer", "Mbit/s", "cpu quota"))
+    for k, dev in enumerate(record["devices"]):
+        s, e = record["partitions"][0][k]
+        t.add_row(dev["id"], dev["host"], f"{dev['s_per_mac'] * 1e12:.2f}", f"{dev['s_per_layer'] * 1e3:.3f}",
+                  f"{dev['bytes_per_s'] * 8 / 1e6:g}", "-" if dev["cpu_quota"] is None else f"{dev['cpu_quota']:g}",
+                  f"{s}..{e}" if e >= s else "none")
+    console.print(t)
+    for dim, r in record["searched"].items():
+        console.print(f"{dim}: {r['layers']} layers to {r['region_end']} ({r['why_it_ends']}), score "
+                      f"{r['score_s'] * 1e3:.2f} ms, {r['scored']} nodes scored, {r['pruned']} pruned, "
+                      f"{r['search_s']:.2f} s")
+    b, tl = record["tiles"]["bytes_per_frame"], record["tiles"]
+    console.print(f"tiles: {tl['stages']} stages; bytes per frame " + ", ".join(f"{k} {v:,}" for k, v in b.items())
+                  + "; identical to the int8 model: " + ", ".join(f"{k.rsplit('_', 1)[-1]} kernels {v:.0%}"
+                                                                  for k, v in tl["identical"].items()))
+    console.print(f"wrote {path} and {path.parent.parent / 'spatial'}")
+    return 0
+
+
 def _stages():
     from edgeplan.pipeline import stages
 
@@ -573,6 +632,9 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--sample", type=int, help="measure only this many suffixes (spread evenly), predict the rest")
     pr.add_argument("--predictor", help="predictor file from `edgeplan profile train` (for --sample or predicted classes)")
     pr.add_argument("--cpu-prefixes", action="store_true", help="also time prefixes on the CPU (predictor training data)")
+    pr.add_argument("--conv-speed", action="store_true",
+                    help="also fit the class's seconds per MAC on its conv times (ADaPS speed_d, what `edgeplan plan "
+                         "spatial` reads); under the class's cpu_quota when it has one (a cpu cgroup: needs root)")
     pr.add_argument("--repeats", type=int, help="timed runs per segment and thread count (default: params profile.repeats)")
     pr.add_argument("--budget-s", type=float, help="time budget per segment (default: params profile.budget_s)")
     pr.add_argument("--span-s", type=float, help="spread the timed rounds over at least this long (default: params profile.span_s)")
@@ -615,6 +677,29 @@ def parser() -> argparse.ArgumentParser:
     pf.add_argument("--m-peak-mb", type=float, help="M_peak in MB (default: flashmem.m_peak_bytes, else "
                     "flashmem.m_peak_ram_share of the class's RAM less SwapLess's preloads)")
     pf.set_defaults(func=cmd_plan_flashmem)
+    px = plsub.add_parser("parallax", help="Parallax: which CPU suffixes of a deployment run branch-parallel",
+                          description="After `plan swapless`: for every model of the deployment, the points whose "
+                          "suffix keeps a branch-parallel layer in the model's `edgeplan parallax` stage (measured on "
+                          "this host), on W workers when SwapLess gives the model at least W cores. Copies their "
+                          "sub-models into <out>/deployments/NAME/parallax/ and writes plans/parallax.json; the bundle "
+                          "carries both and the runtime serves those suffixes branch-parallel.")
+    px.add_argument("--deployment", required=True, help="a deployment of params.yaml")
+    px.add_argument("--out", default="artifacts", help="artifact root (default: artifacts)")
+    px.set_defaults(func=cmd_plan_parallax)
+    pz = plsub.add_parser("spatial", help="ADaPS: one model split along H or W over the deployment's devices",
+                          description="The deployment's one model split spatially over the fleet registry's devices "
+                          "assigned to it (registry order; the first is the head). Speeds come from each device "
+                          "class's conv-speed fit in the model's profile (`edgeplan profile run --conv-speed`), links "
+                          "from the class's net_bytes_per_s. Searches eq. (12) along each dimension, cuts the best "
+                          "plan into int8 tiles verified identical with both kernel sets, and writes "
+                          "<out>/deployments/NAME/spatial/ (tables.json, tiles, rankfile, hostfile) and "
+                          "plans/spatial.json. Run the tiles with `edgeplan-runtime mpi run`.")
+    pz.add_argument("--deployment", required=True, help="a deployment of params.yaml with one model")
+    pz.add_argument("--out", default="artifacts", help="artifact root (default: artifacts)")
+    pz.add_argument("--threshold", type=float, help="smallest share of a layer a device takes, in (0, 1] (default: "
+                    "params spatial.threshold)")
+    pz.add_argument("--dims", help="dimensions to search: H, W or H,W (default: params spatial.dims)")
+    pz.set_defaults(func=cmd_plan_spatial)
     from edgeplan import cli_multidevice, cli_run, cli_store
 
     cli_multidevice.register(sub)

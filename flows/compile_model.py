@@ -20,7 +20,7 @@ def _compile(models: list[dict], root: str, params_file: str | None, store: str 
     """The stages for ``models`` ({source, name, version, input_shape?}): ingest -> build -> verify chained per
     model and submitted for all at once (conversions run in parallel up to the task runner's workers and the
     machine's conversion slots); then profiles, one at a time per machine after every conversion (timings are
-    not shared with other work); then DVC, plans and publishing."""
+    not shared with other work), Parallax's measured plans first; then DVC, plans and publishing."""
     started = time.time()
     root, store, key = absolute(root), absolute(store), absolute(key)
     params = load_params(params_file)
@@ -38,6 +38,7 @@ def _compile(models: list[dict], root: str, params_file: str | None, store: str 
         params, names = deployments_serving(params, m["name"], str(m["version"]), root)
         served += [n for n in names if n not in served]
     classes = device_classes(params, served)
+    ledger.map(model_tasks.parallax, [(d, params) for d in dirs])  # measured here: beside the profiles
     ledger.map(model_tasks.profile, [(d, dc, params) for d in dirs for dc in classes])
     ledger.map(model_tasks.version, [(d, params) for d in dirs])  # DVC: each version's artifacts, pushed
     plans = dict(zip(served, ledger.map(dep_tasks.plan, [(root, d, params) for d in served])))

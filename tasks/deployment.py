@@ -1,4 +1,5 @@
-"""The deployment stages as tasks: plan (SwapLess) and publish (bundle, sign, upload)."""
+"""The deployment stages as tasks: plan (SwapLess, then FlashMem and Parallax where they apply) and publish
+(bundle, sign, upload)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +9,7 @@ from prefect.logging import get_run_logger
 
 from tasks.cache import content_key
 
-PLAN_CODE = ("plan/swapless", "plan/flashmem", "pipeline/planning.py", "profile/schema.py", "profile/capacity.py",
+PLAN_CODE = ("plan/swapless", "plan/flashmem", "plan/parallax/deployment.py", "pipeline/planning.py", "profile/schema.py", "profile/capacity.py",
              "profile/fleet.py", "artifacts.py")
 PUBLISH_CODE = ("bundle", "store", "cli_store.py", "artifacts.py", "quantize/litert.py", "quantize/calibration.py")
 
@@ -21,7 +22,8 @@ def _plan_inputs(p: dict):
     dep = next(d for d in p["params"]["deployments"] if d["name"] == p["name"])
     root = Path(p["root"])
     return [root / m["name"] / str(m["version"]) / "profiles" / f"{dep['device_class']}.json" for m in dep["models"]] + [
-        root / m["name"] / str(m["version"]) / f for m in dep["models"] for f in ("analysis.json", "stream/stream.json")]
+        root / m["name"] / str(m["version"]) / f for m in dep["models"]
+        for f in ("analysis.json", "stream/stream.json", "parallax/parallax.json")]
 
 
 def _plan_params(p: dict):
@@ -33,12 +35,28 @@ def _plan_params(p: dict):
       persist_result=True)
 def plan(root: str, name: str, params: dict):
     """deployments/<name>/plans/swapless.json (the deployment's models must name explicit versions), then
-    plans/flashmem.json when every model has streaming layers and a measured load capacity."""
+    plans/flashmem.json when every model has streaming layers and a measured load capacity, and
+    plans/parallax.json when every model has its Parallax stage and the class's CPU is measured here."""
     from edgeplan.pipeline.planning import plan_swapless
 
     result = plan_swapless(Path(root), name, params)[0]
     _flashmem(Path(root), name, params)
+    _parallax(Path(root), name, params)
     return result
+
+
+def _parallax(root: Path, name: str, params: dict) -> None:
+    from edgeplan.errors import ArtifactError, EdgeplanError, PlanError
+    from edgeplan.plan.parallax.deployment import PLAN_FILE, plan_parallax
+
+    log = get_run_logger()
+    try:
+        plan = plan_parallax(root, name, params)[0]
+    except EdgeplanError as e:  # SwapLess still publishes, every suffix uncut; the log says why
+        (root / "deployments" / name / PLAN_FILE).unlink(missing_ok=True)
+        (log.info if isinstance(e, (ArtifactError, PlanError)) else log.warning)("no Parallax plan for %s: %s", name, e)
+        return
+    log.info("Parallax plan for %s: %s", name, "; ".join(f"{m.name}: {m.why}" for m in plan.models))
 
 
 def _flashmem(root: Path, name: str, params: dict) -> None:
@@ -62,8 +80,9 @@ def _flashmem(root: Path, name: str, params: dict) -> None:
 
 def _publish_inputs(p: dict):
     root = Path(p["root"])
-    files = [root / "deployments" / p["name"] / "plans" / f for f in ("swapless.json", "flashmem.json")] + [
-        root / "deployments" / p["name"] / "flashmem"]
+    files = [root / "deployments" / p["name"] / "plans" / f for f in ("swapless.json", "flashmem.json",
+                                                                     "parallax.json")] + [
+        root / "deployments" / p["name"] / d for d in ("flashmem", "parallax")]
     for m in _models(p):
         d = root / m["name"] / str(m["version"])
         files += [d / "segments", d / "profiles", d / "verify.json", d / "model.json", d / "model_int8.tflite"]

@@ -1,4 +1,5 @@
-"""The model stages as tasks: ingest, build (int8 conversion, cuts, Edge TPU compile), verify, stream, profile.
+"""The model stages as tasks: ingest, build (int8 conversion, cuts, Edge TPU compile), verify, stream, parallax,
+profile.
 
 No task sets ``timeout_seconds``: the tasks run in worker threads (the thread pool, or Dask's), where Prefect
 cannot interrupt them (it warns about that once per task run). The long work is bounded where it can be
@@ -94,6 +95,30 @@ def stream(model_dir: str, params: dict) -> str:
                                  f"{', '.join(k for k, v in info.identical.items() if not v)} kernels; see "
                                  f"{Path(model_dir) / 'stream' / 'stream.json'}")
     return str(Path(model_dir) / "stream")
+
+
+class ParallaxNotIdentical(EdgeplanError):
+    """A model's branch-parallel sub-models do not give its int8 bits: no suffix of it runs branch-parallel."""
+
+
+@task(name="parallax", cache_key_fn=content_key(lambda p: [Path(p["model_dir"]) / "model_int8.tflite",
+                                                           Path(p["model_dir"]) / "segments"],
+                                                ["parallax", "verify.seed"],
+                                                ("plan/parallax", "graph/branches.py", "quantize", "runtime/parallel.py",
+                                                 "runtime/stream.py", "pipeline/stages.py"), scalars=("model_dir",)),
+      persist_result=True)
+def parallax(model_dir: str, params: dict) -> str:
+    """parallax/: Parallax plans of the int8 model and every point's suffix, measured here (so one at a time
+    with the profiles), their sub-models checked identical to what they cut."""
+    from edgeplan.pipeline import stages
+
+    with slot("profile", 1, log=get_run_logger()):
+        record = stages.parallax(Path(model_dir), params)
+    bad = [n for n, r in record["targets"].items() if "same_as" not in r and not all(r["identical"].values())]
+    if bad:
+        raise ParallaxNotIdentical(f"{model_dir}: the branch-parallel sub-models of {', '.join(bad)} differ from "
+                                   f"what they cut; see {Path(model_dir) / 'parallax' / 'parallax.json'}")
+    return str(Path(model_dir) / "parallax")
 
 
 def _profile_inputs(p: dict):

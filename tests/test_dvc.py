@@ -37,7 +37,7 @@ def test_dvc_repro_builds_and_verifies_the_listed_models(tmp_path, s3_server):
     assert json.loads((root / "verify.json").read_text())["ok"]
     assert (root / "segments" / "p1" / "compile.json").is_file()
     lock = yaml.safe_load((work / "dvc.lock").read_text())
-    assert {"ingest@0", "build@0", "verify@0", "stream@0", "profile@0"} <= set(lock["stages"])
+    assert {"ingest@0", "build@0", "verify@0", "stream@0", "parallax@0", "profile@0"} <= set(lock["stages"])
     assert json.loads((root / "stream" / "stream.json").read_text())["identical"] == {"reference": True, "xnnpack": True}
     assert (root / "profiles" / "coral-usb-emulated.json").is_file()  # tiny-solo's class (no deployment serves it)
     # nothing changed: a second repro runs no stage
@@ -53,9 +53,10 @@ def test_dvc_repro_builds_and_verifies_the_listed_models(tmp_path, s3_server):
     run(str(bindir / "dvc"), "pull")
     got = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name not in ("verify.json", ".gitignore")}
     assert got == want and len(got) > 10
-    # the flow on the same model version makes the same artifacts (byte for byte, but for measured profiles),
+    # the flow on the same model version makes the same artifacts (byte for byte, but for the profiles and the
+    # Parallax plans, both measured on this host),
     # records them against the same stages and pushes them to the S3 remote: repro then has nothing to do
-    deterministic = {k: v for k, v in want.items() if k.parts[0] != "profiles"}
+    deterministic = {k: v for k, v in want.items() if k.parts[0] not in ("profiles", "parallax")}
     # (and publishes to a store on the S3 server, from which the device check pulls over S3)
     flow_env = {**env, "PREFECT_HOME": str(work / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                 "AWS_ENDPOINT_URL": s3_server}
@@ -72,7 +73,7 @@ def test_dvc_repro_builds_and_verifies_the_listed_models(tmp_path, s3_server):
     check = summary["device_check"]  # pulled from S3 by the runtime, served, answered
     assert check and all(r["requests"] > 0 and r["failed"] == 0 and r["measured_ms"] > 0 for r in check), check
     got = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name not in ("verify.json", ".gitignore")}
-    assert {k: v for k, v in got.items() if k.parts[0] != "profiles"} == deterministic
+    assert {k: v for k, v in got.items() if k.parts[0] not in ("profiles", "parallax")} == deterministic
     assert set(got) == set(want)
     out = run(str(bindir / "dvc"), "status")
     assert "changed" not in out, out  # the flow's outputs are what dvc.lock records

@@ -130,6 +130,10 @@ def build(root: Path, name: str, params: dict) -> Bundle:
     if streamed:
         blobs.update(streamed)
         plans["flashmem"] = f"deployments/{name}/plans/flashmem.json"
+    parallel = _parallax(Path(root), name, plan, blobs)
+    if parallel:
+        blobs.update(parallel)
+        plans["parallax"] = f"deployments/{name}/plans/parallax.json"
     refs = tuple(BlobRef(n, MEDIA.get(Path(n).suffix, "application/octet-stream"), len(b), sha256(b))
                  for n, b in sorted(blobs.items()))
     compiler = "emulated" if "emulated" in compilers or not compilers else min(compilers)
@@ -162,4 +166,33 @@ def _flashmem(root: Path, name: str, plan: SwapLessPlan) -> dict[str, bytes]:
                 raise ArtifactError(f"{base / seg.file}: missing or not the segment the plan names; run "
                                     f"`edgeplan plan flashmem --deployment {name}` again")
             out[f"deployments/{name}/{seg.file}"] = data
+    return out
+
+
+def _parallax(root: Path, name: str, plan: SwapLessPlan, blobs: dict[str, bytes]) -> dict[str, bytes]:
+    """The Parallax plan and the sub-models it runs, when the deployment has one made for these model versions
+    and the suffixes in ``blobs`` (else refused: re-plan)."""
+    from edgeplan.plan.parallax.deployment import PLAN_FILE, ParallaxDeploymentPlan
+
+    base = root / "deployments" / name
+    path = base / PLAN_FILE
+    if not path.is_file():
+        return {}
+    px = ParallaxDeploymentPlan.load(path)
+    versions = {m.name: m.version for m in plan.models}
+    again = f"run `edgeplan plan parallax --deployment {name}` again"
+    out = {f"deployments/{name}/{PLAN_FILE}": path.read_bytes()}
+    for m in px.models:
+        if versions.get(m.name) != m.version:
+            raise ArtifactError(f"{path}: planned for {m.name} {m.version}, which the deployment does not serve; {again}")
+        for pp in m.points:
+            suffix = blobs.get(f"models/{m.name}/{m.version}/segments/p{pp.point}/suffix_int8.tflite", b"")
+            if sha256(suffix) != pp.suffix_sha256:
+                raise ArtifactError(f"{path}: planned {m.name}'s point {pp.point} for another suffix; {again}")
+            for st in pp.stages:
+                for s in st.submodels:
+                    data = (base / s.file).read_bytes() if (base / s.file).is_file() else b""
+                    if sha256(data) != s.sha256:
+                        raise ArtifactError(f"{base / s.file}: missing or not the sub-model the plan names; {again}")
+                    out[f"deployments/{name}/{s.file}"] = data
     return out

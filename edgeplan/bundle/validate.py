@@ -218,3 +218,22 @@ def _quantization(q, where: str, field: str) -> None:
     integer(q.zero_point, where, f"{field}.zero_point", -(1 << 31), (1 << 31) - 1)
     if q.to_int8_layout and sorted(q.to_int8_layout) != list(range(len(q.float_shape))):
         _fail(where, f"{field}.to_int8_layout {q.to_int8_layout} is not a permutation of the float shape's axes")
+
+
+def plan_record(rev_dir, manifest, planner: str, record_cls):
+    """A revision's plan of ``planner`` parsed as ``record_cls`` with its field types checked, and where it is
+    (for errors); None when the revision has none. The plan is signed with the manifest; what it names is
+    still the caller's to validate."""
+    import json
+    from pathlib import Path
+
+    name = manifest.plans.get(planner)
+    if name is None:
+        return None
+    where = f"{manifest.deployment} revision {manifest.revision} {name}"
+    try:
+        record = record_cls.from_json(json.loads((Path(rev_dir) / name).read_text()), source=where)
+    except (ValueError, TypeError, AttributeError, KeyError) as e:
+        raise BundleVerificationError(f"{where}: not a {planner} plan ({e})") from None
+    check_types(record, where)
+    return record, where

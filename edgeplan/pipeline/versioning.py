@@ -68,7 +68,7 @@ def version_artifacts(model_dir: Path, params: dict) -> dict:
         listed = [(str(m["name"]), str(m["version"])) for m in params.get("models") or []]
         if (ws / "dvc.yaml").is_file() and (name, version) in listed and model_dir.parent.parent.name == "artifacts":
             i = listed.index((name, version))
-            stages = [f"{s}@{i}" for s in ("ingest", "build", "verify", "stream", "profile")]
+            stages = [f"{s}@{i}" for s in ("ingest", "build", "verify", "stream", "parallax", "profile")]
             _dvc(ws, "commit", "-f", "-q", *stages)
             how = f"dvc commit {' '.join(stages)}"
         else:

@@ -21,7 +21,15 @@ from edgeplan.profile.capacity import LoadCapacity
 from edgeplan.profile.capacity import measure as measure_capacity
 from edgeplan.profile.features import segment_features, tpu_workload
 from edgeplan.profile.fleet import DeviceClass
-from edgeplan.profile.schema import CpuTiming, Host, Profile, SegmentProfile, TpuTiming, median_at
+from edgeplan.profile.schema import (
+    ConvSpeed,
+    CpuTiming,
+    Host,
+    Profile,
+    SegmentProfile,
+    TpuTiming,
+    median_at,
+)
 from edgeplan.quantize.tflite_graph import TfliteGraph
 
 log = logging.getLogger(__name__)
@@ -80,17 +88,22 @@ def sample_points(points: list[int], n: int) -> set[int]:
 
 def profile(root: Path, device_class: DeviceClass, settings: cpu_mod.Settings, progress: Progress = _noop, *,
             predictor=None, sample: int | None = None, cpu_prefixes: bool = False,
-            capacity_rounds: int = 0) -> Profile:
+            capacity_rounds: int = 0, conv_speed: bool = False) -> Profile:
     """Profile the artifact directory ``root``; writes ``root/profiles/<class>.json`` and returns it.
 
     ``cpu_prefixes`` also times prefixes on the CPU (training data for the predictor). ``capacity_rounds`` > 0
     also measures the load capacity of the streaming layers (``stream/``, when the stream stage has run) on
-    a class whose CPU is measured here."""
+    a class whose CPU is measured here. ``conv_speed`` also fits the class's seconds per MAC on its conv times
+    (ADaPS speed_d; under the class's ``cpu_quota`` when it has one); without it, a fit the previous profile of
+    the same model holds is kept."""
     root = Path(root)
     analysis = Analysis.load(root / "analysis.json")
     if not analysis.complete:
         raise ArtifactError(f"{root / 'analysis.json'}: not completed by the build stage; run `edgeplan compile`.")
     info = ModelInfo.load(root / "model.json")
+    if conv_speed and device_class.cpu != "measured":
+        raise ProfileError(f"device class {device_class.name!r} models another host (cpu: {device_class.cpu}): its conv "
+                           "speed can only be measured on it")
     if (device_class.cpu == "predicted" or sample is not None) and predictor is None:
         raise ProfileError(f"device class {device_class.name!r}: CPU times to predict "
                            f"({'the class models another host' if device_class.cpu == 'predicted' else '--sample'}) "
@@ -126,6 +139,7 @@ def profile(root: Path, device_class: DeviceClass, settings: cpu_mod.Settings, p
     load = None
     if capacity_rounds > 0 and device_class.cpu == "measured" and (root / "stream" / "stream.json").is_file():
         load = load_capacity(root, capacity_rounds, progress)
+    speed = _conv_speed(root, device_class) if conv_speed else _kept_conv_speed(root, device_class, info.sha256)
     prof = Profile(
         device_class=device_class.name,
         model=f"{info.name}/{info.version}",
@@ -141,9 +155,31 @@ def profile(root: Path, device_class: DeviceClass, settings: cpu_mod.Settings, p
         segments=tuple(results),
         probe=probe,
         load_capacity=load,
+        conv_speed=speed,
     )
     prof.save(root / "profiles" / f"{device_class.name}.json")
     return prof
+
+
+def _conv_speed(root: Path, device_class: DeviceClass) -> ConvSpeed:
+    from edgeplan.plan.spatial import speed
+
+    fit = speed.measure(root / "model_int8.tflite", device_class.cpu_quota)
+    return ConvSpeed(fit["s_per_mac"], fit["s_per_layer"], fit["quota"], tuple(int(m) for m, _ in fit["points"]),
+                     tuple(float(t) for _, t in fit["points"]))
+
+
+def _kept_conv_speed(root: Path, device_class: DeviceClass, model_sha256: str) -> ConvSpeed | None:
+    """The fit of the profile being replaced, when it was made for this model and under the same quota."""
+    path = root / "profiles" / f"{device_class.name}.json"
+    try:
+        old = Profile.load(path) if path.is_file() else None
+    except (ArtifactError, ValueError, TypeError, KeyError):
+        return None
+    if old is None or old.model_sha256 != model_sha256 or old.conv_speed is None or \
+            old.conv_speed.quota != device_class.cpu_quota:
+        return None
+    return old.conv_speed
 
 
 def _reference(device_class: DeviceClass, probe: tuple[CpuTiming, ...], threads: int) -> float | None:

@@ -125,6 +125,19 @@ class SegmentProfile:
 
 
 @dataclass(frozen=True)
+class ConvSpeed:
+    """ADaPS §4.3.1 speed_d: seconds per MAC (slope) and per layer (intercept) of a line through the class's
+    measured conv times — each conv of the int8 model alone on one thread at a quarter to all of its rows — run
+    on the class's CPU (under its ``cpu_quota`` when it is an emulated share of a core)."""
+
+    s_per_mac: float
+    s_per_layer: float
+    quota: float | None
+    macs: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class Profile(_Record):
     """Every segment of one model version on one device class."""
 
@@ -142,6 +155,7 @@ class Profile(_Record):
     segments: tuple[SegmentProfile, ...] = ()
     probe: tuple[CpuTiming, ...] = ()  # the speed probe, timed in the same rounds as the segments (raw)
     load_capacity: LoadCapacity | None = None  # FlashMem §4.2: the streaming layers beside loads, measured
+    conv_speed: ConvSpeed | None = None  # ADaPS speed_d (``profile run --conv-speed``), measured
 
     def probe_ms(self, threads: int = 1) -> float | None:
         """The probe's median in this run, raw (the machine's speed while the segments were timed)."""
@@ -185,5 +199,6 @@ _FIELD_TYPES.update({
     ("SegmentProfile", "cpu"): CpuTiming,
     ("SegmentProfile", "tpu"): TpuTiming,
     ("Profile", "load_capacity"): LoadCapacity,
+    ("Profile", "conv_speed"): ConvSpeed,
     ("LoadCapacity", "layers"): LayerLoad,
 })

@@ -105,7 +105,8 @@ def _runtime(args):
 
     rates = dict(args.rate or [])  # argparse made them (model, rate) pairs already
     return Runtime(Path(args.dir), mode=args.mode, adapt=not args.no_adapt, window_s=args.window,
-                   interval_s=args.interval, max_inflight=args.max_inflight, rates=rates or None)
+                   interval_s=args.interval, max_inflight=args.max_inflight, rates=rates or None,
+                   parallax=not args.no_parallax)
 
 
 def _ready(args):
@@ -157,7 +158,8 @@ def cmd_serve(args) -> int:
     server = serve(rt, args.host, args.port)
     how = (f"streamed one request at a time as the FlashMem plan says, mode {args.stream}" if args.stream else
            f"{'EMULATED Edge TPU' if rt.mode == 'emulated' else rt.mode}; points {rt.points}, cores {rt.cores}; "
-           f"re-allocation {'on' if rt.adapt else 'off'}")
+           f"re-allocation {'on' if rt.adapt else 'off'}"
+           + "".join(f"; {n} branch-parallel at points {sorted(p)}" for n, p in getattr(rt, "parallax", {}).items() if p))
     print(f"serving {rt.manifest.deployment} revision {rt.manifest.revision} on http://{args.host}:"
           f"{server.server_address[1]} ({how})", flush=True)
     if args.store:
@@ -314,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--interval", type=float, default=2.0, help="re-allocation period, s (default 2)")
         sp.add_argument("--max-inflight", type=int, default=256, help="requests in flight before 503 (default 256)")
         sp.add_argument("--inputs", type=int, default=8, help="inputs per model in the load-test set (default 8)")
+        sp.add_argument("--no-parallax", action="store_true",
+                        help="run every suffix as its own interpreter, even where the revision's Parallax plan runs "
+                             "it branch-parallel")
 
     sp = sub.add_parser("serve", help="serve the active revision over local HTTP",
                         description="POST /infer/{model} (.npy or JSON float input), GET /healthz, GET /metrics "

@@ -33,6 +33,7 @@ import numpy as np
 
 from edgeplan.errors import EdgeplanError
 from edgeplan.quantize import litert
+from edgeplan.runtime import parallel
 from edgeplan.runtime.model import (
     BadRequest,
     ServedModel,
@@ -223,8 +224,7 @@ class CpuPool:
                     wait_until(req.ready)
                 run = interps.get(req.point)
                 if run is None:
-                    run = interps[req.point] = litert.Runner(litert.interpreter(
-                        self.model.segment(req.point, "suffix"), deterministic=False))
+                    run = interps[req.point] = self.engine.suffix_runner(self.model, req.point)
                 t = time.perf_counter()
                 y = run(tensor)
                 self.service.setdefault(req.point, collections.deque(maxlen=SERVICE_SAMPLES)).append(
@@ -346,7 +346,8 @@ class Runtime:
 
     def __init__(self, dest: Path, *, mode: str = "emulated", adapt: bool = True, window_s: float = 10.0,
                  interval_s: float = 2.0, max_inflight: int = 256, hysteresis: float = 0.02, seed: int = 0,
-                 rates: dict[str, float] | None = None, gil_switch_s: float | None = GIL_SWITCH_S):
+                 rates: dict[str, float] | None = None, gil_switch_s: float | None = GIL_SWITCH_S,
+                 parallax: bool = True):
         found = active(dest)
         if found is None:
             rev_dir = Path(dest)
@@ -357,6 +358,8 @@ class Runtime:
         if mode not in ("emulated", "cpu", "edgetpu"):
             raise EdgeplanError(f"accelerator mode {mode!r}: emulated, cpu or edgetpu")
         self.plan = load_plan(self.rev_dir, self.manifest)
+        # the suffixes the revision's Parallax plan runs branch-parallel: model -> point -> stages
+        self.parallax = parallel.load_plans(self.rev_dir, self.manifest) if parallax else {}
         planned = {m.name: m for m in self.plan.models}
         preload = collections.defaultdict(set)
         for x in self.plan.preload:
@@ -528,6 +531,14 @@ class Runtime:
                 logging.getLogger(__name__).exception("re-allocation failed; the configuration stays")
 
     # observability ------------------------------------------------------------------------------------------
+    def suffix_runner(self, m: ServedModel, point: int):
+        """A pool thread's runner of ``point``'s suffix: branch-parallel where the Parallax plan says (its
+        sub-models' interpreters built now, helper threads shared by the process), else the suffix interpreter."""
+        staged = self.parallax.get(m.name, {}).get(point)
+        if staged is not None:
+            return parallel.SuffixRunner(staged, parallel.interpreter_for(False))
+        return litert.Runner(litert.interpreter(m.segment(point, "suffix"), deterministic=False))
+
     def status(self) -> dict:
         rates = self.monitor.rates()
         return {"deployment": self.manifest.deployment, "revision": self.manifest.revision, "mode": self.mode,
@@ -536,7 +547,8 @@ class Runtime:
                                "mean_latency_ms": round(1e3 * self.hist[n].sum / self.hist[n].n, 3)
                                if self.hist[n].n else None,
                                "suffix_service_ms": {p: round(1e3 * sum(v) / len(v), 3)
-                                                     for p, v in sorted(self.service_times(n).items())}}
+                                                     for p, v in sorted(self.service_times(n).items())},
+                               "branch_parallel_points": sorted(self.parallax.get(n, {}))}
                            for n in self.order},
                 "inflight": self.inflight, "switches": self.switches}
 

@@ -145,3 +145,83 @@ def _named(stage: Stage, k: int, it, live: dict[str, np.ndarray]) -> Callable[[]
             where = f"layer {stage.layer}" if stage.layer is not None else "sequential stage"
             raise ParallelError(f"{where}, sub-model {stage.submodels[k].name}: {type(e).__name__}: {e}") from None
     return run
+
+
+@dataclass(frozen=True)
+class PointStages:
+    """A point's suffix as a Parallax plan runs it: its stages and the tensor names it takes and gives."""
+
+    workers: int
+    input: str
+    output: str
+    stages: tuple[Stage, ...]
+
+
+class SuffixRunner:
+    """A point's suffix branch-parallel, called like ``litert.Runner``: the suffix input in, its output out."""
+
+    def __init__(self, plan: PointStages, interpreter: Callable[[bytes, int], object]):
+        self.plan = plan
+        self.runner = ParallelRunner(list(plan.stages), interpreter, workers=plan.workers)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return self.runner.run({self.plan.input: x})[self.plan.output]
+
+
+def load_plans(rev_dir, manifest) -> dict[str, dict[int, PointStages]]:
+    """model name -> point -> its branch-parallel stages, from a revision's Parallax plan (empty without one).
+    The plan is signed with the manifest, but what it names is still validated: each sub-model must be a blob
+    of this revision with the hash and size the plan gives, each planned suffix the blob it was planned for, and
+    a stage's inputs must be tensors an earlier stage (or the suffix input) made."""
+    import hashlib
+    from pathlib import Path
+
+    from edgeplan.bundle.validate import integer, plan_record, relpath
+    from edgeplan.errors import BundleVerificationError
+    from edgeplan.plan.parallax.deployment import ParallaxDeploymentPlan
+
+    found = plan_record(rev_dir, manifest, "parallax", ParallaxDeploymentPlan)
+    if found is None:
+        return {}
+    plan, where = found
+    blobs = {b.name: b for b in manifest.blobs}
+    entries = {e.name: e for e in manifest.models}
+    out: dict[str, dict[int, PointStages]] = {}
+    for m in plan.models:
+        entry = entries.get(m.name)
+        if entry is None or entry.version != m.version:
+            raise BundleVerificationError(f"{where}: plans {m.name} {m.version}, which the revision does not serve")
+        integer(m.workers, where, f"{m.name} workers", 1, 256)
+        points: dict[int, PointStages] = {}
+        for pp in m.points:
+            integer(pp.point, where, f"{m.name} point", 0, entry.points - 1)
+            suffix = blobs.get(f"models/{m.name}/{m.version}/segments/p{pp.point}/suffix_int8.tflite")
+            if suffix is None or suffix.sha256 != pp.suffix_sha256 or pp.point in points or not pp.stages:
+                raise BundleVerificationError(f"{where}: {m.name} point {pp.point} is planned for a suffix this "
+                                              "revision does not have (or twice, or with no stage); refused")
+            made, stages = {pp.input}, []
+            for k, st in enumerate(pp.stages):
+                subs = []
+                for s in st.submodels:
+                    what = f"{m.name} point {pp.point} stage {k} sub-model {s.file!r}"
+                    blob = f"deployments/{manifest.deployment}/{relpath(s.file, where, what)}"
+                    ref = blobs.get(blob)
+                    if ref is None or ref.sha256 != s.sha256 or ref.size != s.size:
+                        raise BundleVerificationError(f"{where}: {what} is not a blob of this revision with the hash "
+                                                      "and size the plan names; refused")
+                    integer(s.threads, where, f"{what} threads", 1, 256)
+                    if not set(s.inputs) <= made:
+                        raise BundleVerificationError(f"{where}: {what} takes {sorted(set(s.inputs) - made)}, which "
+                                                      "no earlier stage makes; refused")
+                    data = (Path(rev_dir) / blob).read_bytes()
+                    if hashlib.sha256(data).hexdigest() != s.sha256:
+                        raise BundleVerificationError(f"{where}: {what} on disk is not the blob the manifest names")
+                    subs.append(SubModel(Path(s.file).stem, data, s.threads))
+                made |= {o for s in st.submodels for o in s.outputs}
+                stages.append(Stage(st.layer, tuple(subs)))
+            if pp.output not in {o for s in pp.stages[-1].submodels for o in s.outputs}:
+                raise BundleVerificationError(f"{where}: {m.name} point {pp.point}'s last stage does not give the "
+                                              f"suffix output {pp.output!r}; refused")
+            points[pp.point] = PointStages(m.workers, pp.input, pp.output, tuple(stages))
+        out[m.name] = points
+    return out

@@ -265,6 +265,34 @@ def check(rev_dir: Path, manifest: Manifest) -> None:
                                             f"another output than the bundle expects ({diff} elements differ); "
                                             "not activated")
     _check_streamed(rev_dir, manifest, where)
+    _check_parallel(rev_dir, manifest, where)
+
+
+def _check_parallel(rev_dir: Path, manifest: Manifest, where: str) -> None:
+    """Every suffix the Parallax plan runs branch-parallel (reference kernels, the planned workers) gives every
+    self-test's expected output after its point's int8 prefix."""
+    from edgeplan.quantize import litert
+    from edgeplan.runtime import parallel
+    from edgeplan.runtime.model import quantize_input, segment_paths
+
+    entries = {e.name: e for e in manifest.models}
+    for name, points in parallel.load_plans(rev_dir, manifest).items():
+        entry = entries[name]
+        for point, plan in points.items():
+            prefix, _ = segment_paths(rev_dir, entry, point)
+            head = litert.interpreter(prefix.read_bytes(), deterministic=True) if prefix else None
+            try:
+                run = parallel.SuffixRunner(plan, parallel.interpreter_for(True))
+                for t in entry.selftests:
+                    y = quantize_input(np.load(rev_dir / t.input, allow_pickle=False), entry.input)
+                    y = run(litert.run(head, y) if head is not None else y)
+                    if not np.array_equal(y, np.load(rev_dir / t.expected, allow_pickle=False)):
+                        raise HealthCheckFailed(f"{where}: {name} at point {point} run branch-parallel as its "
+                                                f"Parallax plan says: self-test {t.input} gives another output "
+                                                "than the bundle expects; not activated")
+            except (ValueError, RuntimeError, KeyError, parallel.ParallelError) as e:
+                raise HealthCheckFailed(f"{where}: {name} at point {point} does not run branch-parallel: "
+                                        f"{e}") from None
 
 
 def _check_streamed(rev_dir: Path, manifest: Manifest, where: str) -> None:

@@ -352,21 +352,14 @@ def load_plans(rev_dir: Path, manifest) -> dict:
     """model name -> (``ModelStreamPlan``, its ``Segment`` list) from a revision's FlashMem plan, every name
     and hash checked against the manifest's blobs (a plan is signed with the manifest, but what it names is
     still validated: a segment that is not the blob of that name and hash is refused). Empty without one."""
-    import json
-
-    from edgeplan.bundle.validate import check_types, relpath
+    from edgeplan.bundle.validate import plan_record, relpath
     from edgeplan.errors import BundleVerificationError
     from edgeplan.plan.flashmem.plan import FlashMemPlan
 
-    name = manifest.plans.get("flashmem")
-    if name is None:
+    found = plan_record(rev_dir, manifest, "flashmem", FlashMemPlan)
+    if found is None:
         return {}
-    where = f"{manifest.deployment} revision {manifest.revision} {name}"
-    try:
-        plan = FlashMemPlan.from_json(json.loads((Path(rev_dir) / name).read_text()), source=where)
-    except (ValueError, TypeError, AttributeError) as e:
-        raise BundleVerificationError(f"{where}: not a FlashMem plan ({e})") from None
-    check_types(plan, where)
+    plan, where = found
     blobs = {b.name: b for b in manifest.blobs}
     served = {e.name: e.version for e in manifest.models}
     out = {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
@@ -53,6 +53,11 @@ def plan_target(graph: TfliteGraph, settings: dict, budget: int) -> tuple[schedu
                                 beta=float(settings["beta"]))
     live = measure.activations(graph)
     layers = measure.measure(graph, cands, workers=workers, repeats=int(settings["repeats"]), live=live)
+    if settings.get("force"):  # every measured candidate branch-parallel, unconfirmed (what cutting costs)
+        forced = [replace(layer, mode="branches", why="forced (parallax.force)") if layer.task_ms else layer
+                  for layer in layers]
+        return schedule.plan(graph, forced, workers=workers, budget_bytes=budget), {
+            "whole_ms": None, "plan_ms": None, "trials": [], "final": None}
     confirmed, checks = measure.confirm(graph, layers, workers=workers, budget_bytes=budget,
                                        repeats=int(settings["confirm_repeats"]),
                                        min_gain=float(settings["confirm_min_gain"]), live=live)

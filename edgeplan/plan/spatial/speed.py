@@ -9,8 +9,14 @@ off it.
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
+from edgeplan.errors import ProfileError
 from edgeplan.plan.spatial.cost import fit_speed
 from edgeplan.quantize import litert
 from edgeplan.quantize.stream import cut_ops
@@ -58,9 +64,36 @@ def fitted(tflite: bytes, window_s: float = 0.5) -> dict:
     return {"s_per_mac": s_per_mac, "s_per_layer": s_per_layer, "points": points}
 
 
-if __name__ == "__main__":  # python -m edgeplan.plan.spatial.speed MODEL.tflite: the fit as JSON on stdout
-    import json
-    import sys
-    from pathlib import Path
+def measure(tflite: Path, quota: float | None = None, window_s: float = 0.5) -> dict:
+    """The fit for a device class: in this process, or — for a class emulated as a share of a core (its
+    ``cpu_quota``) — in a child held to that share by a cpu cgroup (v1, 10 ms period: needs root), since what a
+    rank gets under a quota is measured, never read off it."""
+    if quota is None:
+        return {"quota": None, **fitted(Path(tflite).read_bytes(), window_s)}
+    from edgeplan.distributed.emulate import CPU_CGROUP
 
-    print(json.dumps(fitted(Path(sys.argv[1]).read_bytes())))
+    if not CPU_CGROUP.is_dir() or not os.access(CPU_CGROUP, os.W_OK):
+        raise ProfileError(f"the class's conv speed is measured under its cpu_quota {quota:g}: needs a writable cpu "
+                           f"cgroup (v1) at {CPU_CGROUP} (run as root)")
+    cg = CPU_CGROUP / f"edgeplan-speed-{os.getpid()}"
+    cg.mkdir(exist_ok=True)
+    try:
+        (cg / "cpu.cfs_period_us").write_text("10000")
+        (cg / "cpu.cfs_quota_us").write_text(str(max(int(quota * 10000), 1000)))
+        res = subprocess.run([sys.executable, "-m", "edgeplan.plan.spatial.speed", str(tflite), str(window_s)],
+                             capture_output=True, text=True, check=False,
+                             preexec_fn=lambda: (cg / "cgroup.procs").write_text(str(os.getpid())))
+        if res.returncode != 0:
+            raise ProfileError(f"conv speed under quota {quota:g}: {(res.stderr.strip().splitlines() or ['?'])[-1]}")
+        return {"quota": quota, **json.loads(res.stdout)}
+    finally:
+        for _ in range(50):  # the child has left; the kernel frees the group a moment later
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+if __name__ == "__main__":  # python -m edgeplan.plan.spatial.speed MODEL.tflite [WINDOW_S]: the fit as JSON
+    print(json.dumps(fitted(Path(sys.argv[1]).read_bytes(), *(float(a) for a in sys.argv[2:3]))))
