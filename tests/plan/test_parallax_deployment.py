@@ -85,8 +85,12 @@ def test_bad_inputs_say_what_to_run(planned, tmp_path):
         plan_parallax(root, DEP, predicted)
     empty = tmp_path / "empty"
     shutil.copytree(root / "deployments", empty / "deployments")
+    before = {f: f.read_bytes() for f in (empty / "deployments").rglob("*") if f.is_file()}
     with pytest.raises(ArtifactError, match=r"edgeplan parallax .*inc/1"):
         plan_parallax(empty, DEP, p)  # a model whose stage has not run
+    # the previous plan and its sub-models are as they were
+    assert {f: f.read_bytes() for f in (empty / "deployments").rglob("*") if f.is_file()} == before
+    assert any(f.parent.name.startswith("p") and f.suffix == ".tflite" for f in before)
 
 
 def _bundle_with(bundle, name: str, data: bytes):

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgeplan.artifacts import _FIELD_TYPES, _Record, write_bytes_atomic
+from edgeplan.artifacts import _FIELD_TYPES, _Record, staged_dir, write_bytes_atomic
 from edgeplan.errors import ArtifactError, PlanError
 
 PLAN_FILE = "plans/parallax.json"
@@ -99,9 +98,9 @@ def _io_names(data: bytes) -> tuple[str, str]:
     return i["name"], o["name"]
 
 
-def _point(d: Path, record: dict, point: int, out_dir: Path, rel: str) -> PointPlan | None:
+def _point(d: Path, record: dict, point: int, scratch: Path, rel: str) -> PointPlan | None:
     """Point ``point``'s suffix as the stage planned it (None: it runs uncut), its sub-models copied to
-    ``out_dir/rel``."""
+    ``scratch/rel`` (which becomes ``parallax/rel`` of the deployment)."""
     targets = record["targets"]
     suffix = d / "segments" / f"p{point}" / "suffix_int8.tflite"
     name = f"p{point}"
@@ -128,8 +127,8 @@ def _point(d: Path, record: dict, point: int, out_dir: Path, rel: str) -> PointP
                 raise ArtifactError(f"{d / s['file']}: not the sub-model parallax.json names; run "
                                     f"`edgeplan parallax {d}` again")
             file = f"{rel}/{Path(s['file']).name}"
-            write_bytes_atomic(out_dir / file, blob)
-            subs.append(PlannedSubModel(file, s["sha256"], len(blob), int(s["threads"]), tuple(s["inputs"]),
+            write_bytes_atomic(scratch / file, blob)
+            subs.append(PlannedSubModel(f"parallax/{file}", s["sha256"], len(blob), int(s["threads"]), tuple(s["inputs"]),
                                         tuple(s["outputs"]), int(s["estimated_arena_bytes"])))
         stages.append(PlannedStage(st["layer"], tuple(subs)))
     inp, outp = _io_names(data)
@@ -153,29 +152,28 @@ def plan_parallax(root: Path, name: str, params: dict) -> tuple[ParallaxDeployme
         raise ArtifactError(f"{swapless_path}: missing; run `edgeplan plan swapless --deployment {name}` first "
                             "(Parallax gives a suffix at most the cores SwapLess gives its model)")
     swapless = SwapLessPlan.load(swapless_path)
-    target = out_dir / "parallax"
-    if target.exists():
-        shutil.rmtree(target)
     models, budget = [], 0
-    for pm in swapless.models:
-        d = Path(root) / pm.name / pm.version
-        record = _stage_record(d)
-        budget = max(budget, int(record["budget_bytes"]))
-        workers, cores = int(record["workers"]), _max_cores(swapless, pm.name)
-        points: list[PointPlan] = []
-        if cores < 2:
-            why = f"SwapLess gives {pm.name} at most {cores} core: every suffix runs uncut"
-        elif cores < workers:
-            why = (f"SwapLess gives {pm.name} at most {cores} cores; its layers were measured on {workers} "
-                   f"workers: every suffix runs uncut (re-run `edgeplan parallax {d}` with parallax.workers {cores})")
-        else:
-            for p in range(pm.last_point):  # the last point has no CPU suffix
-                got = _point(d, record, p, out_dir, f"parallax/{pm.name}/p{p}")
-                if got is not None:
-                    points.append(got)
-            why = (f"branch-parallel at points {[x.point for x in points]} on {workers} workers" if points else
-                   "no suffix keeps a branch-parallel layer (measured end to end): every suffix runs uncut")
-        models.append(ModelParallaxPlan(pm.name, pm.version, workers, why, tuple(points)))
+    with staged_dir(out_dir / "parallax") as scratch:  # the previous plan's sub-models stay until this one is made
+        for pm in swapless.models:
+            d = Path(root) / pm.name / pm.version
+            record = _stage_record(d)
+            budget = max(budget, int(record["budget_bytes"]))
+            workers, cores = int(record["workers"]), _max_cores(swapless, pm.name)
+            points: list[PointPlan] = []
+            if cores < 2:
+                why = f"SwapLess gives {pm.name} at most {cores} core: every suffix runs uncut"
+            elif cores < workers:
+                why = (f"SwapLess gives {pm.name} at most {cores} cores; its layers were measured on {workers} "
+                       f"workers: every suffix runs uncut (re-run `edgeplan parallax {d}` with parallax.workers "
+                       f"{cores})")
+            else:
+                for p in range(pm.last_point):  # the last point has no CPU suffix
+                    got = _point(d, record, p, scratch, f"{pm.name}/p{p}")
+                    if got is not None:
+                        points.append(got)
+                why = (f"branch-parallel at points {[x.point for x in points]} on {workers} workers" if points else
+                       "no suffix keeps a branch-parallel layer (measured end to end): every suffix runs uncut")
+            models.append(ModelParallaxPlan(pm.name, pm.version, workers, why, tuple(points)))
     result = ParallaxDeploymentPlan(name, dc.name, budget, tuple(models))
     out = out_dir / PLAN_FILE
     result.save(out)
