@@ -183,17 +183,11 @@ def _launch(split: Path, frames: int, state: dict) -> dict:
     out); the veths' bytes counted around it."""
     from edgeplan.distributed import emulate, launch
 
-    for attempt in range(2):  # mpirun 5 once exited 213 with no word at all on a fresh set of hosts: one retry
-        before = emulate.link_bytes(state)
-        try:
-            r = launch.run(split, frames=frames, timeout_s=900, deadline_s=120, mpi_args=emulate.mpi_args(EMULATED),
-                           extra=["--inputs", str(split / "x.npy"), "--out", str(split / "y.npy"), "--window", "0"])
-            break
-        except launch.DistributedError as e:
-            if attempt:
-                raise
-            RETRIES.append(f"{split}: {e}")
-            log(f"retrying {split.name}: {e}")
+    before = emulate.link_bytes(state)
+    r = launch.run(split, frames=frames, timeout_s=900, deadline_s=120, mpi_args=emulate.mpi_args(EMULATED),
+                   extra=["--inputs", str(split / "x.npy"), "--out", str(split / "y.npy"), "--window", "0"])
+    if r.startup_retries:  # mpirun's start-up failed (launch.STARTUP_FAILURE) and the launch was made again
+        RETRIES.append(f"{split}: {r.startup_retries} start-up failure(s)")
     after = emulate.link_bytes(state)
     return {"summary": r.summary, "wire_bytes": sum(after[h]["tx"] - before[h]["tx"] for h in after),
             "app_bytes": sum(k["sent_bytes"] for k in r.summary["ranks"])}

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgeplan.errors import EdgeplanError
@@ -41,6 +41,17 @@ class Result:
     summary: dict  # the head's: frames, wall_s, fps, ranks [{rank, host, wall_s, busy_s, wait_s, cpu_s}]
     seconds: float  # mpirun from start to exit
     command: list[str]
+    startup_retries: int = 0  # launches that failed in mpirun's own start-up before this one ran
+
+
+# Open MPI 5's mpirun now and then fails to start its PMIx server (exit 213, before any rank runs: seen in CI and in
+# bench/adaps, 1 launch in a few hundred); the job never began, so it is launched again.
+STARTUP_FAILURE = "PMIx server's listener thread failed to start"
+STARTUP_RETRIES = 2
+
+
+class _StartupFailed(DistributedError):
+    """mpirun failed before any rank ran (see STARTUP_FAILURE)."""
 
 
 def mpirun() -> str:
@@ -147,6 +158,21 @@ def _kill_new_descendants(before: set[int]) -> list[int]:
 
 def run(split_dir: Path, *, frames: int, timeout_s: float, deadline_s: float = 30.0, extra: list[str] = (),
         mpi_args: list[str] = (), python: str | None = None) -> Result:
+    """Run the split's ranks for ``frames`` frames; raises DistributedError naming what failed. A launch that
+    fails in mpirun's own start-up (no rank ran) is retried up to STARTUP_RETRIES times."""
+    for attempt in range(STARTUP_RETRIES + 1):
+        try:
+            return replace(_run_once(split_dir, frames=frames, timeout_s=timeout_s, deadline_s=deadline_s,
+                                     extra=extra, mpi_args=mpi_args, python=python), startup_retries=attempt)
+        except _StartupFailed as e:
+            if attempt == STARTUP_RETRIES:
+                raise DistributedError(f"{e} (after {attempt + 1} launches)") from None
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+def _run_once(split_dir: Path, *, frames: int, timeout_s: float, deadline_s: float, extra, mpi_args,
+              python: str | None) -> Result:
     cmd = command(split_dir, frames=frames, deadline_s=deadline_s, extra=list(extra), mpi_args=list(mpi_args),
                   python=python)
     _subreaper()
@@ -184,6 +210,8 @@ def run(split_dir: Path, *, frames: int, timeout_s: float, deadline_s: float = 3
     if errors:
         raise DistributedError(_explain(errors, split_dir))
     summary = next((_report(line, SUMMARY) for line in stdout.splitlines() if SUMMARY in line), None)
+    if summary is None and (STARTUP_FAILURE in stderr or (proc.returncode == 213 and not stderr.strip())):
+        raise _StartupFailed(f"mpirun exited {proc.returncode} in its start-up: {_who_died(stderr, split_dir)}")
     if proc.returncode != 0 or summary is None or summary.get("frames") != frames:
         got = "no summary" if summary is None else f"{summary.get('frames')} of {frames} frames"
         raise DistributedError(f"mpirun exited {proc.returncode} with {got}: {_who_died(stderr, split_dir)}")

@@ -113,3 +113,29 @@ def test_a_malformed_tables_json_is_refused_before_any_frame(split, tmp_path, ed
         launch.run(bad, frames=4, timeout_s=60, extra=["--out", str(tmp_path / "y.npy")])
     assert not (tmp_path / "y.npy").exists() and not ranks_left()
     assert sorted(p.name for p in bad.iterdir()) == sorted(p.name for p in out.iterdir())  # nothing added or lost
+
+
+def test_a_launch_failing_in_mpiruns_start_up_is_made_again(split, tmp_path, monkeypatch, ranks_left):
+    """mpirun 5 now and then fails to start its PMIx server (exit 213, no rank ran): the launch is made again.
+    Injected by a wrapper that fails that way on its first call and then runs the real mpirun."""
+    real = launch.mpirun()
+    wrapper = tmp_path / "mpirun"
+    wrapper.write_text(f"""#!/bin/sh
+if [ ! -e {tmp_path}/failed-once ]; then
+  touch {tmp_path}/failed-once
+  echo "The PMIx server's listener thread failed to start. We cannot" >&2
+  echo "continue." >&2
+  exit 213
+fi
+exec {real} "$@"
+""")
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(launch, "mpirun", lambda: str(wrapper))
+    _, out = split
+    r = launch.run(out, frames=2, timeout_s=120)
+    assert r.summary["frames"] == 2 and r.startup_retries == 1
+    # when the start-up keeps failing, one error says so and how many launches were made
+    (tmp_path / "failed-once").unlink()
+    monkeypatch.setattr(launch, "STARTUP_RETRIES", 0)
+    with pytest.raises(launch.DistributedError, match=r"start-up.*after 1 launches"):
+        launch.run(out, frames=2, timeout_s=120)
