@@ -9,8 +9,8 @@ from prefect.logging import get_run_logger
 
 from tasks.cache import content_key
 
-PLAN_CODE = ("plan/swapless", "plan/flashmem", "plan/parallax/deployment.py", "pipeline/planning.py", "profile/schema.py", "profile/capacity.py",
-             "profile/fleet.py", "artifacts.py")
+PLAN_CODE = ("plan/swapless", "plan/flashmem", "plan/parallax/deployment.py", "pipeline/planning.py",
+             "profile/schema.py", "profile/capacity.py", "profile/fleet.py", "artifacts.py")
 PUBLISH_CODE = ("bundle", "store", "cli_store.py", "artifacts.py", "quantize/litert.py", "quantize/calibration.py")
 
 
@@ -45,37 +45,41 @@ def plan(root: str, name: str, params: dict):
     return result
 
 
-def _parallax(root: Path, name: str, params: dict) -> None:
-    from edgeplan.errors import ArtifactError, EdgeplanError, PlanError
-    from edgeplan.plan.parallax.deployment import PLAN_FILE, plan_parallax
+def _optional_plan(root: Path, name: str, planner: str, make, expected: tuple, summary) -> None:
+    """Make ``planner``'s plan (``make()``) beside SwapLess, which publishes either way. On an EdgeplanError its
+    plan file is removed (a plan for other versions must not travel with this revision) and the log says why: at
+    info for what a model may simply lack (``expected`` errors), else as a warning."""
+    from edgeplan.errors import EdgeplanError
 
     log = get_run_logger()
     try:
-        plan = plan_parallax(root, name, params)[0]
-    except EdgeplanError as e:  # SwapLess still publishes, every suffix uncut; the log says why
-        (root / "deployments" / name / PLAN_FILE).unlink(missing_ok=True)
-        (log.info if isinstance(e, (ArtifactError, PlanError)) else log.warning)("no Parallax plan for %s: %s", name, e)
+        plan = make()
+    except EdgeplanError as e:
+        (root / "deployments" / name / "plans" / f"{planner.lower()}.json").unlink(missing_ok=True)
+        (log.info if isinstance(e, expected) else log.warning)("no %s plan for %s: %s", planner, name, e)
         return
-    log.info("Parallax plan for %s: %s", name, "; ".join(f"{m.name}: {m.why}" for m in plan.models))
+    log.info("%s plan for %s: %s", planner, name, summary(plan))
+
+
+def _parallax(root: Path, name: str, params: dict) -> None:
+    """Every suffix runs uncut without it; a model without its Parallax stage or a class not measured here is
+    expected."""
+    from edgeplan.errors import ArtifactError, PlanError
+    from edgeplan.plan.parallax.deployment import plan_parallax
+
+    _optional_plan(root, name, "Parallax", lambda: plan_parallax(root, name, params)[0], (ArtifactError, PlanError),
+                   lambda plan: "; ".join(f"{m.name}: {m.why}" for m in plan.models))
 
 
 def _flashmem(root: Path, name: str, params: dict) -> None:
-    from edgeplan.errors import ArtifactError, EdgeplanError, ProfileError
+    """No streaming layers or no measured capacity (what a model lacks) is expected."""
+    from edgeplan.errors import ArtifactError, ProfileError
     from edgeplan.plan.flashmem.deployment import plan_flashmem
 
-    log = get_run_logger()
-    try:
-        plan = plan_flashmem(root, name, params)[0]
-    except EdgeplanError as e:  # SwapLess still publishes; the log says why the streamed plan is missing
-        # a plan for other versions must not travel with this revision
-        (root / "deployments" / name / "plans" / "flashmem.json").unlink(missing_ok=True)
-        # no streaming layers or no measured capacity (what a model lacks) is expected; anything else is not
-        level = log.info if isinstance(e, (ArtifactError, ProfileError)) else log.warning
-        level("no FlashMem plan for %s: %s", name, e)
-        return
-    log.info("FlashMem plan for %s: %s", name, "; ".join(
-        f"{m.name} peak {m.plan.peak_resident_bytes / 1e6:.1f} of {m.preload_peak_bytes / 1e6:.1f} MB, tiers "
-        + ",".join(sorted({w.tier for w in m.plan.windows})) for m in plan.models))
+    _optional_plan(root, name, "FlashMem", lambda: plan_flashmem(root, name, params)[0], (ArtifactError, ProfileError),
+                   lambda plan: "; ".join(
+                       f"{m.name} peak {m.plan.peak_resident_bytes / 1e6:.1f} of {m.preload_peak_bytes / 1e6:.1f} MB, "
+                       "tiers " + ",".join(sorted({w.tier for w in m.plan.windows})) for m in plan.models))
 
 
 def _publish_inputs(p: dict):

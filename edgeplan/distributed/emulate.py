@@ -39,6 +39,27 @@ class EmulationError(EdgeplanError):
     pass
 
 
+def cpu_cgroup(path: Path, cores: float | None) -> Path:
+    """A cpu cgroup (v1) at ``path`` holding its processes to ``cores`` CPUs over a PERIOD_US period (None: no cap;
+    the kernel's smallest quota is 1 ms)."""
+    path.mkdir(exist_ok=True)
+    (path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+    (path / "cpu.cfs_quota_us").write_text("-1" if cores is None else str(max(int(cores * PERIOD_US), 1000)))
+    return path
+
+
+def remove_cgroup(path: str | os.PathLike) -> None:
+    """Remove a cgroup once its processes are gone (killed or exited ones leave it a moment after they are
+    reaped); one still in use after 2.5 s stays."""
+    for _ in range(50):
+        try:
+            if os.path.isdir(path):
+                os.rmdir(path)
+            return
+        except OSError:
+            time.sleep(0.05)
+
+
 def _sh(*cmd: str, check: bool = True) -> str:
     r = subprocess.run(cmd, capture_output=True, text=True)
     if check and r.returncode != 0:
@@ -131,10 +152,7 @@ def up(name: str, platform: Platform, subnet: str = "10.213.0.0/24") -> Platform
                 _tbf(bridge, f"b{i}", dev.net_bytes_per_s)
             Path(uts).touch()
             _sh("unshare", f"--uts={uts}", "hostname", dev.name)
-            Path(cg).mkdir(exist_ok=True)
-            quota = -1 if dev.cpu_quota is None else int(dev.cpu_quota * len(dev.slots) * PERIOD_US)
-            (Path(cg) / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-            (Path(cg) / "cpu.cfs_quota_us").write_text(str(quota))
+            cpu_cgroup(Path(cg), None if dev.cpu_quota is None else dev.cpu_quota * len(dev.slots))
             hosts.append(replace(dev, host=addr))
         agent = d / "agent"
         agent.write_text(f"#!/bin/sh\nexec {sys.executable} -m edgeplan.distributed.emulate agent {name} \"$@\"\n")
@@ -179,13 +197,7 @@ def down(name: str) -> list[str]:
         if os.path.exists(h["uts"]):
             _sh("umount", h["uts"], check=False)
             os.unlink(h["uts"])
-        for _ in range(50):  # the killed processes leave the cgroup once reaped
-            try:
-                if os.path.isdir(h["cgroup"]):
-                    os.rmdir(h["cgroup"])
-                break
-            except OSError:
-                time.sleep(0.05)
+        remove_cgroup(h["cgroup"])
     if state.get("cgroup") and os.path.isdir(state["cgroup"]):
         try:
             os.rmdir(state["cgroup"])

@@ -8,10 +8,12 @@ copy of the weights. Every interpreter is built once, at load: its arena lives a
 """
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -148,13 +150,37 @@ def _named(stage: Stage, k: int, it, live: dict[str, np.ndarray]) -> Callable[[]
 
 
 @dataclass(frozen=True)
+class SubModelFile:
+    """A sub-model as a revision holds it: its blob's path and hash, read (and checked) when a runner is built."""
+
+    path: Path
+    sha256: str
+    threads: int
+
+
+@dataclass(frozen=True)
 class PointStages:
-    """A point's suffix as a Parallax plan runs it: its stages and the tensor names it takes and gives."""
+    """A point's suffix as a Parallax plan runs it: its stages (layer, sub-model files) and the tensor names it
+    takes and gives."""
 
     workers: int
     input: str
     output: str
-    stages: tuple[Stage, ...]
+    stages: tuple[tuple[int | None, tuple[SubModelFile, ...]], ...]
+
+    def read(self) -> list[Stage]:
+        """The stages with their sub-models' bytes, each checked against the hash the plan names (a corrupt blob
+        fails here, naming it)."""
+        out = []
+        for layer, files in self.stages:
+            subs = []
+            for f in files:
+                data = f.path.read_bytes()
+                if hashlib.sha256(data).hexdigest() != f.sha256:
+                    raise ParallelError(f"sub-model {f.path}: not the blob the revision names (sha256 differs)")
+                subs.append(SubModel(f.path.stem, data, f.threads))
+            out.append(Stage(layer, tuple(subs)))
+        return out
 
 
 class SuffixRunner:
@@ -162,7 +188,7 @@ class SuffixRunner:
 
     def __init__(self, plan: PointStages, interpreter: Callable[[bytes, int], object]):
         self.plan = plan
-        self.runner = ParallelRunner(list(plan.stages), interpreter, workers=plan.workers)
+        self.runner = ParallelRunner(plan.read(), interpreter, workers=plan.workers)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.runner.run({self.plan.input: x})[self.plan.output]
@@ -172,10 +198,8 @@ def load_plans(rev_dir, manifest) -> dict[str, dict[int, PointStages]]:
     """model name -> point -> its branch-parallel stages, from a revision's Parallax plan (empty without one).
     The plan is signed with the manifest, but what it names is still validated: each sub-model must be a blob
     of this revision with the hash and size the plan gives, each planned suffix the blob it was planned for, and
-    a stage's inputs must be tensors an earlier stage (or the suffix input) made."""
-    import hashlib
-    from pathlib import Path
-
+    a stage's inputs must be tensors an earlier stage (or the suffix input) made. The sub-models are read when
+    a runner is built (``PointStages.read``), not here."""
     from edgeplan.bundle.validate import integer, plan_record, relpath
     from edgeplan.errors import BundleVerificationError
     from edgeplan.plan.parallax.deployment import ParallaxDeploymentPlan
@@ -213,12 +237,9 @@ def load_plans(rev_dir, manifest) -> dict[str, dict[int, PointStages]]:
                     if not set(s.inputs) <= made:
                         raise BundleVerificationError(f"{where}: {what} takes {sorted(set(s.inputs) - made)}, which "
                                                       "no earlier stage makes; refused")
-                    data = (Path(rev_dir) / blob).read_bytes()
-                    if hashlib.sha256(data).hexdigest() != s.sha256:
-                        raise BundleVerificationError(f"{where}: {what} on disk is not the blob the manifest names")
-                    subs.append(SubModel(Path(s.file).stem, data, s.threads))
+                    subs.append(SubModelFile(Path(rev_dir) / blob, s.sha256, s.threads))
                 made |= {o for s in st.submodels for o in s.outputs}
-                stages.append(Stage(st.layer, tuple(subs)))
+                stages.append((st.layer, tuple(subs)))
             if pp.output not in {o for s in pp.stages[-1].submodels for o in s.outputs}:
                 raise BundleVerificationError(f"{where}: {m.name} point {pp.point}'s last stage does not give the "
                                               f"suffix output {pp.output!r}; refused")

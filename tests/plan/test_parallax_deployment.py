@@ -27,6 +27,7 @@ from edgeplan.profile import cpu, fleet, run
 from edgeplan.runtime import HealthCheckFailed, active, pull
 from edgeplan.runtime.engine import Runtime
 from edgeplan.runtime.model import load_inputs
+from edgeplan.runtime.parallel import ParallelError
 from edgeplan.store import open_store
 
 DEP = "inc-solo"
@@ -122,6 +123,19 @@ def test_pulled_and_served_branch_parallel_with_the_suffixes_bits(planned, tmp_p
                 rt.configure({"inc": point}, cores)
             for x in xs:
                 np.testing.assert_array_equal(px.infer("inc", x), whole.infer("inc", x))
+        want = whole.infer("inc", xs[0])  # every point gives the whole int8 model's bits
+
+    # a sub-model corrupted on the device after the pull: that point's request fails naming it, others still serve
+    first = m.points[0]
+    bad = rev_dir / "deployments" / DEP / first.stages[0].submodels[0].file
+    bad.write_bytes(bad.read_bytes()[:-1] + b"\0")
+    other = next(x.point for x in m.points if x.point != first.point)
+    with Runtime(dest, mode="cpu", adapt=False) as px:
+        px.configure({"inc": first.point}, cores)
+        with pytest.raises(ParallelError, match=rf"{bad.stem}.*not the blob the revision names"):
+            px.infer("inc", xs[0])
+        px.configure({"inc": other}, cores)
+        np.testing.assert_array_equal(px.infer("inc", xs[0]), want)
 
     # a signed plan naming a sub-model that is not its blob: refused, the active revision stays
     name = bundle.plans["parallax"]

@@ -91,11 +91,12 @@ def _max_cores(swapless, model: str) -> int:
 
 
 def _io_names(data: bytes) -> tuple[str, str]:
-    from edgeplan.quantize import litert
+    """The suffix's input and output tensor names (read from the model, no interpreter built)."""
+    from edgeplan.quantize.tflite_graph import TfliteGraph
 
-    it = litert.interpreter(data)
-    (i,), (o,) = it.get_input_details(), it.get_output_details()
-    return i["name"], o["name"]
+    g = TfliteGraph(data)
+    (i,), (o,) = g.inputs, g.outputs
+    return g.tensors[i].name, g.tensors[o].name
 
 
 def _point(d: Path, record: dict, point: int, scratch: Path, rel: str) -> PointPlan | None:
@@ -109,7 +110,8 @@ def _point(d: Path, record: dict, point: int, scratch: Path, rel: str) -> PointP
         raise ArtifactError(f"{d / 'parallax' / 'parallax.json'}: no plan for point {point}'s suffix; run "
                             f"`edgeplan parallax {d}` again")
     data = suffix.read_bytes()
-    if entry.get("sha256") != hashlib.sha256(data).hexdigest():
+    sha = hashlib.sha256(data).hexdigest()
+    if entry.get("sha256") != sha:
         raise ArtifactError(f"{d / 'parallax' / 'parallax.json'}: planned another {suffix.relative_to(d)} than the "
                             f"one there now; run `edgeplan parallax {d}` again")
     entry = targets[entry["same_as"]] if "same_as" in entry else entry
@@ -132,7 +134,7 @@ def _point(d: Path, record: dict, point: int, scratch: Path, rel: str) -> PointP
                                         tuple(s["outputs"]), int(s["estimated_arena_bytes"])))
         stages.append(PlannedStage(st["layer"], tuple(subs)))
     inp, outp = _io_names(data)
-    return PointPlan(point, hashlib.sha256(data).hexdigest(), inp, outp, int(entry["parallel_layers"]),
+    return PointPlan(point, sha, inp, outp, int(entry["parallel_layers"]),
                      entry.get("whole_ms"), entry.get("plan_ms"), tuple(stages))
 
 

@@ -97,7 +97,7 @@ def plan_spatial(root: Path, name: str, params: dict, threshold: float | None = 
                           seed=int(params["verify"]["seed"]))
     record = {
         "schema_version": SCHEMA, "deployment": name, "model": m["name"], "version": version,
-        "model_int8_sha256": hashlib.sha256((d / "model_int8.tflite").read_bytes()).hexdigest(),
+        "model_int8_sha256": summary["model"]["int8_sha256"],
         "threshold": threshold, "axis": best, "score_s": plans[best].score,
         "devices": [{"id": x.name, "host": p.host, "s_per_mac": x.s_per_mac, "s_per_layer": x.s_per_layer,
                      "bytes_per_s": x.bytes_per_s, "cpu_quota": p.cpu_quota} for x, p in zip(devices, platform.devices)],

@@ -70,16 +70,14 @@ def measure(tflite: Path, quota: float | None = None, window_s: float = 0.5) -> 
     rank gets under a quota is measured, never read off it."""
     if quota is None:
         return {"quota": None, **fitted(Path(tflite).read_bytes(), window_s)}
-    from edgeplan.distributed.emulate import CPU_CGROUP
+    from edgeplan.distributed.emulate import CPU_CGROUP, cpu_cgroup, remove_cgroup
 
     if not CPU_CGROUP.is_dir() or not os.access(CPU_CGROUP, os.W_OK):
         raise ProfileError(f"the class's conv speed is measured under its cpu_quota {quota:g}: needs a writable cpu "
                            f"cgroup (v1) at {CPU_CGROUP} (run as root)")
     cg = CPU_CGROUP / f"edgeplan-speed-{os.getpid()}"
-    cg.mkdir(exist_ok=True)
     try:
-        (cg / "cpu.cfs_period_us").write_text("10000")
-        (cg / "cpu.cfs_quota_us").write_text(str(max(int(quota * 10000), 1000)))
+        cpu_cgroup(cg, quota)
         res = subprocess.run([sys.executable, "-m", "edgeplan.plan.spatial.speed", str(tflite), str(window_s)],
                              capture_output=True, text=True, check=False,
                              preexec_fn=lambda: (cg / "cgroup.procs").write_text(str(os.getpid())))
@@ -87,12 +85,7 @@ def measure(tflite: Path, quota: float | None = None, window_s: float = 0.5) -> 
             raise ProfileError(f"conv speed under quota {quota:g}: {(res.stderr.strip().splitlines() or ['?'])[-1]}")
         return {"quota": quota, **json.loads(res.stdout)}
     finally:
-        for _ in range(50):  # the child has left; the kernel frees the group a moment later
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove_cgroup(cg)  # the child has exited
 
 
 if __name__ == "__main__":  # python -m edgeplan.plan.spatial.speed MODEL.tflite [WINDOW_S]: the fit as JSON
