@@ -1,5 +1,5 @@
 """The deployment stages as tasks: plan (SwapLess, then FlashMem and Parallax where they apply) and publish
-(bundle, sign, upload)."""
+(bundle, sign, upload); plan_spatial for a split deployment."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -45,10 +45,11 @@ def plan(root: str, name: str, params: dict):
     return result
 
 
-def _optional_plan(root: Path, name: str, planner: str, make, expected: tuple, summary) -> None:
-    """Make ``planner``'s plan (``make()``) beside SwapLess, which publishes either way. On an EdgeplanError its
-    plan file is removed (a plan for other versions must not travel with this revision) and the log says why: at
-    info for what a model may simply lack (``expected`` errors), else as a warning."""
+def _optional_plan(root: Path, name: str, planner: str, make, expected: tuple, summary):
+    """Make ``planner``'s plan (``make()``, returned) beside SwapLess, which publishes either way. On an
+    EdgeplanError its plan file is removed (a plan for other versions must not travel with this revision), the
+    log says why — at info for what a model may simply lack (``expected`` errors), else as a warning — and None
+    is returned."""
     from edgeplan.errors import EdgeplanError
 
     log = get_run_logger()
@@ -57,8 +58,9 @@ def _optional_plan(root: Path, name: str, planner: str, make, expected: tuple, s
     except EdgeplanError as e:
         (root / "deployments" / name / "plans" / f"{planner.lower()}.json").unlink(missing_ok=True)
         (log.info if isinstance(e, expected) else log.warning)("no %s plan for %s: %s", planner, name, e)
-        return
+        return None
     log.info("%s plan for %s: %s", planner, name, summary(plan))
+    return plan
 
 
 def _parallax(root: Path, name: str, params: dict) -> None:
@@ -82,11 +84,44 @@ def _flashmem(root: Path, name: str, params: dict) -> None:
                        "tiers " + ",".join(sorted({w.tier for w in m.plan.windows})) for m in plan.models))
 
 
+SPATIAL_CODE = ("plan/spatial", "surgery/spatial.py", "distributed/rows.py", "quantize", "plan/multidevice/spec.py",
+                "profile/schema.py", "profile/fleet.py", "graph")
+
+
+def _spatial_inputs(p: dict):
+    from edgeplan.pipeline.planning import split_classes
+
+    dep = next(d for d in p["params"]["deployments"] if d["name"] == p["name"])
+    root = Path(p["root"])
+    files = []
+    for m in dep["models"]:
+        d = root / m["name"] / str(m["version"])
+        files += [d / "model.onnx", d / "model_int8.tflite"] + [
+            d / "profiles" / f"{c}.json" for c in split_classes(p["params"], [p["name"]]).get(p["name"], [])]
+    return files
+
+
+@task(name="plan_spatial", cache_key_fn=content_key(_spatial_inputs, ["spatial", "verify.seed", "fleet"], SPATIAL_CODE,
+                                                    scalars=("root", "name")), persist_result=True)
+def plan_spatial(root: str, name: str, params: dict) -> dict | None:
+    """A split deployment (``split: spatial``): the ADaPS search over the registry's devices of it, its best plan cut
+    into int8 tiles, verified identical to the int8 model with both kernel sets before anything is written
+    (``deployments/<name>/spatial/`` and ``plans/spatial.json``; `edgeplan plan spatial` does the same). Without a
+    plan (e.g. a device class whose profile has no conv speed), the stale one is removed and the log says why: the
+    deployment publishes without a split."""
+    from edgeplan.plan.spatial.deployment import plan_spatial as make
+
+    record = _optional_plan(Path(root), name, "spatial", lambda: make(Path(root), name, params)[0], (),
+                            lambda r: f"{len(r['devices'])} devices along {r['axis']}, score {r['score_s'] * 1e3:.2f} "
+                                      f"ms, tiles identical {min(r['tiles']['identical'].values()):.0%}")
+    return None if record is None else {"axis": record["axis"], "score_s": record["score_s"]}
+
+
 def _publish_inputs(p: dict):
     root = Path(p["root"])
     files = [root / "deployments" / p["name"] / "plans" / f for f in ("swapless.json", "flashmem.json",
-                                                                     "parallax.json")] + [
-        root / "deployments" / p["name"] / d for d in ("flashmem", "parallax")]
+                                                                     "parallax.json", "spatial.json")] + [
+        root / "deployments" / p["name"] / d for d in ("flashmem", "parallax", "spatial")]
     for m in _models(p):
         d = root / m["name"] / str(m["version"])
         files += [d / "segments", d / "profiles", d / "verify.json", d / "model.json", d / "model_int8.tflite"]

@@ -128,18 +128,19 @@ def _profile_inputs(p: dict):
 
 @task(name="profile", cache_key_fn=content_key(_profile_inputs, lambda p: ["profile", "flashmem.capacity_rounds",
                                                                          f"fleet.device_classes.{p['device_class']}"],
-                                               ("profile", "artifacts.py", "compile/emulated.py"),
-                                               scalars=("model_dir", "device_class")),
+                                               ("profile", "artifacts.py", "compile/emulated.py", "plan/spatial/speed.py"),
+                                               scalars=("model_dir", "device_class", "conv_speed")),
       persist_result=True)
-def profile(model_dir: str, device_class: str, params: dict) -> str:
-    """profiles/<device class>.json: CPU timed here (or predicted), the Edge TPU emulated when it is. One
+def profile(model_dir: str, device_class: str, params: dict, conv_speed: bool = False) -> str:
+    """profiles/<device class>.json: CPU timed here (or predicted), the Edge TPU emulated when it is; with
+    ``conv_speed`` (a split deployment's model on its devices' classes) the class's seconds per MAC too. One
     profile at a time per machine (a profile timed beside another is not a measurement of the device)."""
     from edgeplan.profile import cpu, fleet, run
 
     dc = fleet.load(params, {d["name"] for d in params.get("deployments") or []}).device_class(device_class)
     with slot("profile", 1, log=get_run_logger()):
         run.profile(Path(model_dir), dc, cpu.Settings.from_params(params["profile"]),
-                    capacity_rounds=int(params["flashmem"]["capacity_rounds"]))
+                    capacity_rounds=int(params["flashmem"]["capacity_rounds"]), conv_speed=conv_speed)
     return str(Path(model_dir) / "profiles" / f"{device_class}.json")
 
 

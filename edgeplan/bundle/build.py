@@ -134,6 +134,10 @@ def build(root: Path, name: str, params: dict) -> Bundle:
     if parallel:
         blobs.update(parallel)
         plans["parallax"] = f"deployments/{name}/plans/parallax.json"
+    tiles = _spatial(Path(root), name, plan, {d.id for d in fleet.devices if d.deployment == name})
+    if tiles:
+        blobs.update(tiles)
+        plans["spatial"] = f"deployments/{name}/plans/spatial.json"
     refs = tuple(BlobRef(n, MEDIA.get(Path(n).suffix, "application/octet-stream"), len(b), sha256(b))
                  for n, b in sorted(blobs.items()))
     compiler = "emulated" if "emulated" in compilers or not compilers else min(compilers)
@@ -195,4 +199,56 @@ def _parallax(root: Path, name: str, plan: SwapLessPlan, blobs: dict[str, bytes]
                     if sha256(data) != s.sha256:
                         raise ArtifactError(f"{base / s.file}: missing or not the sub-model the plan names; {again}")
                     out[f"deployments/{name}/{s.file}"] = data
+    return out
+
+
+def _spatial(root: Path, name: str, plan: SwapLessPlan, devices: set[str]) -> dict[str, bytes]:
+    """The ADaPS plan and its split (tables, rankfile, hostfile, every rank's int8 tiles), when the deployment has
+    one made for the model version it serves, that version's int8 model and the registry's devices of the
+    deployment (else refused: re-plan)."""
+    import json
+
+    from edgeplan.distributed.rank import RankError, parse_tables
+    from edgeplan.plan.spatial.deployment import PLAN_FILE
+
+    base = root / "deployments" / name
+    path = base / PLAN_FILE
+    if not path.is_file():
+        return {}
+    again = f"run `edgeplan plan spatial --deployment {name}` again"
+    try:
+        record = json.loads(path.read_text())
+        model, version, int8_sha, tables_sha = (record["model"], record["version"], record["model_int8_sha256"],
+                                                record["tiles"]["tables_sha256"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ArtifactError(f"{path}: not an ADaPS plan ({type(e).__name__}: {e}); {again}") from None
+    versions = {m.name: m.version for m in plan.models}
+    if versions.get(model) != version:
+        raise ArtifactError(f"{path}: planned for {model} {version}, which the deployment does not serve; {again}")
+    int8 = root / model / version / "model_int8.tflite"
+    if sha256(int8.read_bytes()) != int8_sha:
+        raise ArtifactError(f"{path}: planned for another {int8}; {again}")
+    split = base / "spatial"
+    raw = (split / "tables.json").read_bytes() if (split / "tables.json").is_file() else b""
+    if sha256(raw) != tables_sha:
+        raise ArtifactError(f"{split / 'tables.json'}: missing or not the tables the plan names; {again}")
+    try:
+        tables = parse_tables(raw)
+    except RankError as e:
+        raise ArtifactError(f"{split / 'tables.json'}: {e}; {again}") from None
+    gone = sorted({r["device"] for r in tables["ranks"]} - devices)
+    if gone:
+        raise ArtifactError(f"{path}: splits the model over {', '.join(gone)}, which the fleet registry no longer "
+                            f"assigns to {name}; {again}")
+    prefix = f"deployments/{name}/spatial"
+    out = {f"deployments/{name}/{PLAN_FILE}": path.read_bytes(), f"{prefix}/tables.json": raw}
+    for f in ("rankfile", "hostfile", "spatial.json"):
+        if not (split / f).is_file():
+            raise ArtifactError(f"{split / f}: missing; {again}")
+        out[f"{prefix}/{f}"] = (split / f).read_bytes()
+    for s in tables["stages"]:
+        data = (split / s["int8"]).read_bytes() if (split / s["int8"]).is_file() else b""
+        if sha256(data) != s["int8_sha256"]:
+            raise ArtifactError(f"{split / s['int8']}: missing or not the tile the tables name; {again}")
+        out[f"{prefix}/{s['int8']}"] = data
     return out

@@ -45,11 +45,24 @@ class RankError(Exception):
 def load_tables(d: Path, size: int) -> tuple[dict, str]:
     """tables.json, validated as untrusted input (it names files and sizes); returns it and its sha256."""
     raw = (d / "tables.json").read_bytes()
+    return parse_tables(raw, size), hashlib.sha256(raw).hexdigest()
+
+
+def parse_tables(raw: bytes, size: int | None = None) -> dict:
+    """tables.json's bytes validated (the job's ``size`` ranks, when given; pull checks a bundle's before
+    fetching what its ranks name). Raises RankError naming the field."""
     try:
         t = json.loads(raw)
         ranks, stages, buffers = t["ranks"], t["stages"], t["buffers"]
+        size = len(ranks) if size is None else size
         if len(ranks) != size:
             raise RankError(f"tables.json has {len(ranks)} ranks, the job {size}: launch with its rankfile")
+        if type(t["head"]) is not int or not 0 <= t["head"] < size:
+            raise RankError(f"tables.json: head {t['head']!r} is not one of its {size} ranks")
+        for r, x in enumerate(ranks):
+            if x["rank"] != r or not isinstance(x["device"], str) or not isinstance(x["host"], str) \
+                    or not all(isinstance(k, int) and 0 <= k < len(stages) for k in x["stages"]):
+                raise RankError(f"tables.json rank {r}: bad rank, device, host or stages")
         for k, s in enumerate(stages):
             if s["index"] != k or not 0 <= s["rank"] < size or not _STAGE_FILE.match(s["int8"]):
                 raise RankError(f"tables.json stage {k}: bad index, rank or file {s.get('int8')!r}")
@@ -69,9 +82,9 @@ def load_tables(d: Path, size: int) -> tuple[dict, str]:
                 raise RankError(f"tables.json {side}: bad dtype or shape")
         if "axis" in t:
             _check_tiles(t)
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, RecursionError) as e:
         raise RankError(f"tables.json is malformed ({type(e).__name__}: {e})") from None
-    return t, hashlib.sha256(raw).hexdigest()
+    return t
 
 
 def _rows(r, where: str) -> None:
@@ -110,16 +123,19 @@ def _array(spec: dict) -> np.ndarray:
     return np.empty(spec["shape"], _DTYPES[spec["dtype"]])
 
 
-class _Stage:
-    def __init__(self, d: Path, s: dict, threads: int, tables: dict):
-        from ai_edge_litert.interpreter import Interpreter
+class Stage:
+    def __init__(self, d: Path, s: dict, threads: int, tables: dict, builtin: bool = False):
+        """``builtin``: LiteRT's builtin kernels instead of its default (XNNPACK), as the bundle's self-tests were
+        computed; XNNPACK may round an int8 op otherwise."""
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
         data = (d / s["int8"]).read_bytes()
         if hashlib.sha256(data).hexdigest() != s["int8_sha256"]:
             raise RankError(f"{s['int8']}: sha256 differs from tables.json")
         self.index = s["index"]
         self.tile = s.get("tile")
-        self.it = Interpreter(model_content=data, num_threads=threads)
+        self.it = Interpreter(model_content=data, num_threads=threads, experimental_op_resolver_type=(
+            OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES if builtin else OpResolverType.AUTO))
         if self.tile is not None:  # a tile of a spatial split: its input is the tile's rows plus halo
             for x in self.it.get_input_details():
                 if x["name"] in self.tile["inputs"]:
@@ -143,7 +159,7 @@ class _Stage:
 # ------------------------------------------------------------------------------------------------ running
 class Rank:
     def __init__(self, comm, d: Path, deadline_s: float, sleep_s: float = 5e-5, max_sleep_s: float = 1e-3,
-                 fault: str | None = None):
+                 fault: str | None = None, builtin: bool = False):
         from concurrent.futures import ThreadPoolExecutor
 
         self.comm, self.d, self.fault = comm, d, fault
@@ -162,7 +178,7 @@ class Rank:
                             f"{revisions[others[0]][:12]} vs {self.revision[:12]} here): refusing mixed revisions")
         me = self.tables["ranks"][self.rank]
         self.base_rss_bytes = _rss()  # the process before any model: interpreter, numpy, LiteRT, Open MPI
-        self.stages = [_Stage(d, s, max(1, len(me["slots"])), self.tables)
+        self.stages = [Stage(d, s, max(1, len(me["slots"])), self.tables, builtin)
                        for s in self.tables["stages"] if s["rank"] == self.rank]
         self.recv = {n: b for n, b in self.tables["buffers"].items() if self.rank in b["receivers"]}
         self.sends_of: dict[str, list[dict]] = {}  # tensor -> the buffers this rank sends of it (whole or rows)
@@ -173,7 +189,7 @@ class Rank:
         self.busy_s = self.wait_s = 0.0
         self.sent_bytes = 0
 
-    def _run(self, st: _Stage, live: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run(self, st: Stage, live: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Invoke on the worker thread (LiteRT releases the GIL) while this thread drives MPI's progress: with no
         MPI call during a stage, a large message in flight (rendezvous over TCP) would not move until it ends."""
         for name, ix in st.inputs.items():
@@ -363,13 +379,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="head: write the outputs here (.npy)")
     p.add_argument("--deadline", type=float, default=30.0, help="seconds a rank waits for one buffer (default 30)")
     p.add_argument("--window", type=int, default=4, help="frames of sends in flight per rank (default 4)")
+    p.add_argument("--rank-dir", help="where this host keeps the split when not at SPLIT_DIR; {hostname} is replaced "
+                   "by the host's name (emulated hosts sharing one filesystem, each with its own pulled revision)")
+    p.add_argument("--builtin-kernels", action="store_true", help="LiteRT's builtin kernels instead of XNNPACK (the "
+                   "kernels the bundle's self-tests were computed with)")
     p.add_argument("--fault", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    split_dir = Path(args.rank_dir.replace("{hostname}", socket.gethostname()) if args.rank_dir else args.split_dir)
     comm = MPI.COMM_WORLD
     comm.Set_errhandler(MPI.ERRORS_RETURN)  # a lost peer raises here (and is named), not aborts inside MPI
     me: Rank | None = None
     try:
-        me = Rank(comm, Path(args.split_dir), args.deadline, fault=args.fault)
+        me = Rank(comm, split_dir, args.deadline, fault=args.fault, builtin=args.builtin_kernels)
         head = me.rank == me.tables["head"]
         xs = _inputs(me.tables, args.inputs, args.frames, args.seed) if head else None
         frames = args.frames

@@ -60,9 +60,32 @@ def deployments_serving(params: dict, name: str, version: str, root: str) -> tup
     return params, served
 
 
+SPLITS = ("spatial",)  # a deployment's ``split``: its one model split over the registry's devices of it
+
+
+def split_of(dep: dict) -> str | None:
+    """A deployment's ``split`` (params.yaml): ``spatial`` splits its one model over the fleet registry's devices of
+    the deployment (ADaPS, `edgeplan plan spatial`); none by default."""
+    split = dep.get("split")
+    if split is not None and split not in SPLITS:
+        raise PlanError(f"deployment {dep['name']!r}: split {split!r} is not one of: {', '.join(SPLITS)}")
+    return split
+
+
+def split_classes(params: dict, served: list[str]) -> dict[str, list[str]]:
+    """Per split deployment among ``served``, the device classes of the registry's devices serving it (their
+    profiles carry the conv speeds the split is planned from)."""
+    names = [d["name"] for d in params["deployments"] if d["name"] in served and split_of(d)]
+    if not names:
+        return {}
+    fleet = fleet_mod.load(params, {d["name"] for d in params["deployments"]})
+    return {n: sorted({x.device_class for x in fleet.devices if x.deployment == n}) for n in names}
+
+
 def device_classes(params: dict, served: list[str]) -> list[str]:
-    """The device classes of the deployments ``served``."""
-    return sorted({d["device_class"] for d in params["deployments"] if d["name"] in served})
+    """The device classes of the deployments ``served``, and of the registry's devices of the split ones."""
+    split = {c for classes in split_classes(params, served).values() for c in classes}
+    return sorted({d["device_class"] for d in params["deployments"] if d["name"] in served} | split)
 
 
 def plan_swapless(root: Path, name: str, params: dict, variant: str | None = None) -> tuple[plan_mod.SwapLessPlan, Path]:

@@ -49,6 +49,7 @@ def trusted(args) -> dict:
 
 def cmd_pull(args) -> int:
     from edgeplan.errors import StoreError
+    from edgeplan.runtime import split
     from edgeplan.runtime.pull import active, pull
     from edgeplan.store import open_store
 
@@ -69,8 +70,11 @@ def cmd_pull(args) -> int:
             time.sleep(args.retry_wait)
     bar.close()
     if res.activated:
+        share = split.read(res.path)
+        held = "" if share is None else (f"; ranks {list(share.ranks)} of its {share.planner} split"
+                                         f"{' (the head)' if share.head else ''}")
         print(f"activated {res.deployment} revision {res.revision} (previous: {res.previous}) in {res.path}: "
-              f"{res.blobs} blobs, {res.fetched_blobs} fetched ({res.fetched_bytes:,} bytes), health check "
+              f"{res.blobs} blobs{held}, {res.fetched_blobs} fetched ({res.fetched_bytes:,} bytes), health check "
               f"{'skipped' if args.no_health_check else 'passed'}")
     else:
         print(f"{res.deployment} revision {res.revision} is already active; nothing fetched")
@@ -86,6 +90,7 @@ def cmd_rollback(args) -> int:
 
 
 def cmd_status(args) -> int:
+    from edgeplan.runtime import split
     from edgeplan.runtime.pull import active
 
     found = active(Path(args.dest))
@@ -94,14 +99,25 @@ def cmd_status(args) -> int:
         return 1
     path, m = found
     prev = Path(args.dest) / "previous"
+    share = split.read(path)
     print(json.dumps({"deployment": m.deployment, "revision": m.revision, "device_class": m.device_class,
                       "compiler": m.compiler, "path": str(path), "models": [f"{e.name}:{e.version}" for e in m.models],
-                      "previous": str(prev.resolve()) if prev.is_symlink() else None}, indent=2))
+                      "previous": str(prev.resolve()) if prev.is_symlink() else None,
+                      "split": None if share is None else {"planner": share.planner, "ranks": list(share.ranks),
+                                                           "head": share.head}}, indent=2))
     return 0
 
 
 def _runtime(args):
+    from edgeplan.runtime import split
     from edgeplan.runtime.engine import Runtime
+    from edgeplan.runtime.pull import active
+
+    held = active(Path(args.dir))
+    share = split.read(held[0] if held else Path(args.dir))
+    if share is not None and not share.head:
+        raise EdgeplanError(f"{args.dir}: this device holds ranks {list(share.ranks)} of a multi-device split and "
+                            "serves nothing itself; its head runs the job (`edgeplan-runtime mpi run`)")
 
     rates = dict(args.rate or [])  # argparse made them (model, rate) pairs already
     return Runtime(Path(args.dir), mode=args.mode, adapt=not args.no_adapt, window_s=args.window,
@@ -250,20 +266,41 @@ def cmd_profile(args) -> int:
 
 
 def cmd_mpi_run(args) -> int:
-    from edgeplan.distributed import launch
+    import tempfile
 
-    extra = ["--window", str(args.window)]
-    if args.inputs:
-        extra += ["--inputs", str(Path(args.inputs).resolve())]
-    if args.out:
-        extra += ["--out", str(Path(args.out).resolve())]
+    import numpy as np
+
+    from edgeplan.distributed import launch
+    from edgeplan.runtime import split
+
+    split_dir, extra = Path(args.dir), ["--window", str(args.window)]
+    if (split_dir / "current").is_symlink():  # a pull destination: the active revision's split, this the head
+        rev_dir, split_dir, share = split.head_dir(split_dir)
+        if args.rank_dest:
+            extra += ["--rank-dir", str(Path(args.rank_dest) / "current" / share.dir)]
+    elif args.selftest or args.rank_dest:
+        raise EdgeplanError(f"{args.dir}: --selftest and --rank-dest take a pull destination (where "
+                            "`edgeplan-runtime pull` activated a revision with a split)")
+    frames, inputs, out = args.frames, args.inputs, args.out
+    scratch = tempfile.TemporaryDirectory(prefix="edgeplan-mpi-")
+    if args.selftest:
+        xs, want, names = split.selftests(rev_dir)
+        frames, inputs, out = len(xs), str(Path(scratch.name) / "selftest.npy"), str(Path(scratch.name) / "out.npy")
+        np.save(inputs, xs)
+        extra.append("--builtin-kernels")  # the kernels the expected outputs were computed with
+    if inputs:
+        extra += ["--inputs", str(Path(inputs).resolve())]
+    if out:
+        extra += ["--out", str(Path(out).resolve())]
     mpi_args = []
     if args.emulated:
         from edgeplan.distributed import emulate
 
         mpi_args = emulate.mpi_args(args.emulated)
-    r = launch.run(Path(args.dir), frames=args.frames, timeout_s=args.timeout, deadline_s=args.deadline, extra=extra,
-                   mpi_args=mpi_args)
+    with scratch:
+        r = launch.run(split_dir, frames=frames, timeout_s=args.timeout, deadline_s=args.deadline, extra=extra,
+                       mpi_args=mpi_args)
+        got = np.load(out) if args.selftest else None
     s = r.summary
     print(f"{s['frames']} frames in {s['wall_s']:.3f} s: {s['fps']:.2f} frames/s over {len(s['ranks'])} ranks "
           f"(mpirun {r.seconds:.1f} s in all)")
@@ -272,6 +309,14 @@ def cmd_mpi_run(args) -> int:
               f"{k['wait_s']:.3f} s, CPU {k['cpu_s']:.3f} s ({k['cpu_s'] / k['wall_s']:.2f} of a core)")
     if args.summary:
         Path(args.summary).write_text(json.dumps(s, indent=2))
+    if args.selftest:
+        bad = [n for n, y, w in zip(names, got, want) if y.shape != w.shape or not np.array_equal(y, w)]
+        if bad:
+            print(f"self-test FAILED over the ranks: {', '.join(bad)} give another output than the bundle expects; "
+                  "do not serve this revision (`edgeplan-runtime rollback` on every device of the split)",
+                  file=sys.stderr)
+            return 1
+        print(f"self-test passed over the ranks: {len(names)} of {len(names)} outputs identical to the whole int8 model")
     return 0
 
 
@@ -373,8 +418,14 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Runs mpirun with the split's hostfile and rankfile (TCP, no tree spawn, OOB "
                          "keepalive, ranks under python -m mpi4py) under a hard deadline; frames enter and leave at "
                          "rank 0. On any failure every process of the job is killed and the error names the rank, "
-                         "host, stage and frame. Needs the mpi extra on every host and the split at the same path.")
-    mp.add_argument("dir", help="the split directory (tables.json, rankfile, hostfile, int8/)")
+                         "host, stage and frame. Needs the mpi extra on every host and the split at the same path (each device pulls its "
+                         "own ranks: `edgeplan-runtime pull --device-id`).")
+    mp.add_argument("dir", help="the split directory (tables.json, rankfile, hostfile, int8/), or a pull destination "
+                    "whose active revision carries a split this device heads")
+    mp.add_argument("--selftest", action="store_true", help="with a pull destination: run the revision's self-tests "
+                    "through the ranks and require the bundle's expected outputs exactly (exit 1 otherwise)")
+    mp.add_argument("--rank-dest", metavar="TEMPLATE", help="with a pull destination: where the other hosts pulled, when "
+                    "not at the same path as here; {hostname} is each host's name (emulated hosts on one filesystem)")
     mp.add_argument("--frames", type=int, default=10, help="frames to run (default 10)")
     mp.add_argument("--inputs", help="an .npy of int8 input frames (default: seeded random)")
     mp.add_argument("--out", help="write the outputs here (.npy)")

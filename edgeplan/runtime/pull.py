@@ -28,6 +28,7 @@ from edgeplan.bundle import keys, validate
 from edgeplan.bundle.manifest import Manifest, blob_key, canonical
 from edgeplan.bundle.publish import read_latest, retrying
 from edgeplan.errors import BundleVerificationError, EdgeplanError, StoreKeyNotFound
+from edgeplan.runtime import split
 
 
 class PullRefused(BundleVerificationError):
@@ -149,14 +150,16 @@ def pull(store, dest: Path, trusted: dict, *, device_id: str | None = None, depl
     if found is None:
         raise EdgeplanError(f"{store.uri}: deployment {deployment!r} has no published revision")
     latest, manifest = found
-    if device_class is not None and manifest.device_class != device_class:
+    dest.mkdir(parents=True, exist_ok=True)
+    share = _share(store, dest, manifest, device_id, progress)
+    refs = list(manifest.blobs) if share is None else [b for b in manifest.blobs if share.wants(b.name)]
+    if device_class is not None and manifest.device_class != device_class and share is None:
         raise PullRefused(f"{deployment} revision {manifest.revision} is built for device class "
                           f"{manifest.device_class!r}; this device is {device_class!r}")
     accelerator = accelerator or detect_accelerator()
     if accelerator == "edgetpu-usb" and manifest.compiler == "emulated":
         raise PullRefused(f"{deployment} revision {manifest.revision}: its Edge TPU prefixes were made by the "
                           "emulated compiler; this device has a real Edge TPU and runs only edgetpu_compiler output")
-    dest.mkdir(parents=True, exist_ok=True)
     current = active(dest)
     state = _state(dest)
     highest = state["highest"].get(deployment, 0)
@@ -165,10 +168,9 @@ def pull(store, dest: Path, trusted: dict, *, device_id: str | None = None, depl
                           f"{highest} this device already ran (replay or rollback of the store); refused "
                           "(`edgeplan-runtime rollback` or pull --allow-older to go back on purpose)")
     if current is not None and current[1].deployment == deployment and current[1].revision == manifest.revision:
-        return PullResult(deployment, manifest.revision, manifest.revision, False, len(manifest.blobs), 0, 0,
-                          current[0])
+        return PullResult(deployment, manifest.revision, manifest.revision, False, len(refs), 0, 0, current[0])
     fetched, moved = 0, 0
-    for ref in {b.sha256: b for b in manifest.blobs}.values():  # equal files are one blob
+    for ref in {b.sha256: b for b in refs}.values():  # equal files are one blob
         path = dest / blob_key(ref.sha256)
         held = path.is_file()
         n = retrying(f"fetch {ref.name}", lambda ref=ref, path=path: store.download(
@@ -176,10 +178,12 @@ def pull(store, dest: Path, trusted: dict, *, device_id: str | None = None, depl
         fetched += 1 if n or not held else 0  # a held blob whose bytes went bad is fetched again
         moved += n
     rev_dir = dest / "revisions" / deployment / str(manifest.revision)
-    staging = _assemble(dest, rev_dir, latest, manifest)
+    staging = _assemble(dest, rev_dir, latest, manifest, refs)
+    if share is not None:
+        split.write(staging, share)
     if health_check:
         try:
-            check(staging, manifest)
+            check(staging, manifest, share)
         except Exception as e:  # of any type: nothing unchecked becomes current
             shutil.rmtree(staging, ignore_errors=True)
             if isinstance(e, HealthCheckFailed):
@@ -201,17 +205,37 @@ def pull(store, dest: Path, trusted: dict, *, device_id: str | None = None, depl
                                             "activated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     _write_state(dest, state)
     return PullResult(deployment, manifest.revision, current[1].revision if current else None, True,
-                      len(manifest.blobs), fetched, moved, rev_dir)
+                      len(refs), fetched, moved, rev_dir)
 
 
-def _assemble(dest: Path, rev_dir: Path, latest, manifest: Manifest) -> Path:
-    """The revision's files as hard links to the blobs held, in a staging directory beside ``rev_dir``
+def _share(store, dest: Path, manifest: Manifest, device_id: str | None, progress) -> split.Share | None:
+    """This device's share of the revision's split (its tables.json fetched and validated first), None without a
+    split. Refused: a device the split gives no rank (its plan was made for other devices)."""
+    where = split.found(manifest)
+    if where is None:
+        return None
+    planner, split_dir = where
+    ref = manifest.blob(f"{split_dir}/tables.json")
+    path = dest / blob_key(ref.sha256)
+    retrying(f"fetch {ref.name}", lambda: store.download(blob_key(ref.sha256), path, sha256=ref.sha256,
+                                                         progress=progress))
+    tables = split.tables_of(path.read_bytes(), manifest, split_dir)
+    share = split.share_of(planner, split_dir, tables, device_id)
+    if not share.ranks:
+        devices = ", ".join(dict.fromkeys(r["device"] for r in tables["ranks"]))
+        raise PullRefused(f"{manifest.deployment} revision {manifest.revision} runs its model split over {devices}; "
+                          f"device {device_id} has no rank in it (plan the split again with the registry's devices)")
+    return share
+
+
+def _assemble(dest: Path, rev_dir: Path, latest, manifest: Manifest, refs) -> Path:
+    """The revision's files held (``refs``) as hard links to the blobs, in a staging directory beside ``rev_dir``
     (names were validated with the manifest: each stays inside it)."""
     staging = rev_dir.with_name(f".{manifest.revision}.staging")
     if staging.exists():
         shutil.rmtree(staging)
     try:
-        for ref in manifest.blobs:
+        for ref in refs:
             target = staging / ref.name
             target.parent.mkdir(parents=True, exist_ok=True)
             os.link(dest / blob_key(ref.sha256), target)
@@ -236,14 +260,31 @@ def rollback(dest: Path) -> tuple[Manifest, Manifest]:
     return current[1], read_manifest(prev)
 
 
-def check(rev_dir: Path, manifest: Manifest) -> None:
+def check(rev_dir: Path, manifest: Manifest, share: split.Share | None = None) -> None:
     """The health check: every model's self-test inputs through the planned point's prefix -> suffix chain
     (int8, on the CPU, reference kernels) give exactly the expected outputs; the all-CPU and all-TPU chains
-    too. Raises HealthCheckFailed naming the model and point."""
+    too. Raises HealthCheckFailed naming the model and point. A device holding a split's ranks loads each of
+    their stages as its rank would; one that is not the split's head holds (and checks) nothing else."""
+    from edgeplan.distributed.rank import RankError
+
+    where = f"{manifest.deployment} revision {manifest.revision}"
+    if share is not None:
+        try:
+            split.check(rev_dir, share)
+        except (RankError, ValueError, RuntimeError) as e:
+            raise HealthCheckFailed(f"{where}: rank {list(share.ranks)}'s stages of the split do not load: {e}; "
+                                    "not activated") from None
+        if not share.head:
+            return
+    _check_models(rev_dir, manifest, where)
+    _check_streamed(rev_dir, manifest, where)
+    _check_parallel(rev_dir, manifest, where)
+
+
+def _check_models(rev_dir: Path, manifest: Manifest, where: str) -> None:
     from edgeplan.quantize import litert
     from edgeplan.runtime.model import load_plan, quantize_input, segment_paths
 
-    where = f"{manifest.deployment} revision {manifest.revision}"
     plan = load_plan(rev_dir, manifest)
     for entry in manifest.models:
         planned = {m.name: m.point for m in plan.models}.get(entry.name, 0)
@@ -264,8 +305,6 @@ def check(rev_dir: Path, manifest: Manifest) -> None:
                     raise HealthCheckFailed(f"{where}: {entry.name} at point {point}: self-test {t.input} gives "
                                             f"another output than the bundle expects ({diff} elements differ); "
                                             "not activated")
-    _check_streamed(rev_dir, manifest, where)
-    _check_parallel(rev_dir, manifest, where)
 
 
 def _check_parallel(rev_dir: Path, manifest: Manifest, where: str) -> None:

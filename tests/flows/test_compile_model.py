@@ -42,7 +42,8 @@ def ran_tasks(out: str) -> dict:
     found = {}
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip("│┃ ").split("│")]
-        if len(cells) >= 3 and cells[0] in ("ingest", "build", "verify", "stream", "profile", "version", "plan", "publish"):
+        if len(cells) >= 3 and cells[0] in ("ingest", "build", "verify", "stream", "profile", "version", "plan", "publish",
+                                            "plan_spatial"):
             found[cells[0]] = cells[1]
     return found
 
@@ -52,6 +53,11 @@ def workdir(tmp_path_factory):
     d = tmp_path_factory.mktemp("run")
     (d / "params.yaml").write_text(yaml.safe_dump({"profile": FAST_PROFILE}))
     yield d
+    stop_server(d)
+
+
+def stop_server(d: Path) -> None:
+    """`edgeplan server stop`, then the server and its record are gone."""
     record = d / ".edgeplan" / "prefect" / "server.json"
     pid = json.loads(record.read_text())["pid"] if record.exists() else None
     stopped = edgeplan(d, "server", "stop")
@@ -259,3 +265,41 @@ def test_reprofile_fleet(workdir):
     profile = json.loads((workdir / "artifacts" / "tiny" / served / "profiles" / "coral-usb-emulated.json").read_text())
     assert profile["load_capacity"] is not None
     assert (workdir / "artifacts" / "deployments" / "tiny-solo" / "plans" / "flashmem.json").is_file()
+
+
+def test_a_split_deployment_is_planned_and_published_with_its_tiles(tmp_path):
+    """`split: spatial`: the model's profiles on both devices' classes measure conv speeds, plan_spatial cuts and
+    verifies the tiles, and the revision carries them; a rerun takes all of it from the cache."""
+    from edgeplan.pipeline import params as params_mod
+
+    coral = params_mod.load(None)["fleet"]["device_classes"]["coral-usb-emulated"]
+    net = {"net_bytes_per_s": 1.25e6, "arch": "cpu"}
+    fleet = {"device_classes": {"head": {**coral, **net},
+                                "helper": {**{k: v for k, v in coral.items() if k != "cpu_probe_ms"}, **net,
+                                           "accelerator": {"kind": "none"}}},
+             "devices": [{"id": "dev-a", "device_class": "head", "deployment": "chain-split", "work_pool": "head"},
+                         {"id": "dev-b", "device_class": "helper", "deployment": "chain-split", "work_pool": "helper"}]}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({
+        "profile": FAST_PROFILE, "spatial": {"threshold": 0.15, "dims": ["H"], "verify_samples": 1}, "fleet": fleet,
+        "deployments": [{"name": "chain-split", "device_class": "head", "split": "spatial",
+                         "models": [{"name": "chain", "version": "latest", "rate": 1.0}]}]}))
+    try:
+        cold = edgeplan(tmp_path, "run", "zoo:spatial_chain", "--name", "chain", "--version", "1")
+        assert cold.returncode == 0, cold.stderr[-3000:]
+        assert ran_tasks(cold.stdout)["plan_spatial"] == "Completed", cold.stdout
+        for cls in ("head", "helper"):
+            profile = json.loads((tmp_path / "artifacts" / "chain" / "1" / "profiles" / f"{cls}.json").read_text())
+            assert profile["conv_speed"]["s_per_mac"] > 0
+        plan = json.loads((tmp_path / "artifacts" / "deployments" / "chain-split" / "plans" / "spatial.json").read_text())
+        assert [d["id"] for d in plan["devices"]] == ["dev-a", "dev-b"] and min(plan["tiles"]["identical"].values()) == 1
+        store = tmp_path / ".edgeplan" / "store" / "deployments" / "chain-split"
+        manifest = json.loads((store / "1" / "manifest.json").read_text())
+        assert manifest["plans"]["spatial"] == "deployments/chain-split/plans/spatial.json"
+        tables = json.loads((tmp_path / "artifacts" / "deployments" / "chain-split" / "spatial" / "tables.json").read_text())
+        names = {b["name"] for b in manifest["blobs"]}
+        assert {f"deployments/chain-split/spatial/{s['int8']}" for s in tables["stages"]} <= names
+        warm = edgeplan(tmp_path, "run", "zoo:spatial_chain", "--name", "chain", "--version", "1")
+        assert warm.returncode == 0, warm.stderr[-3000:]
+        assert set(ran_tasks(warm.stdout).values()) == {"cached"}, warm.stdout
+    finally:
+        stop_server(tmp_path)

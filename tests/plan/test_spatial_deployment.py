@@ -14,6 +14,7 @@ import yaml
 from edgeplan.cli import main
 from edgeplan.errors import PlanError, ProfileError
 from edgeplan.pipeline import params as params_mod
+from edgeplan.pipeline.planning import split_of
 from edgeplan.plan.spatial.deployment import plan_spatial
 from edgeplan.profile import cpu, fleet, run
 from edgeplan.profile.schema import Profile
@@ -97,6 +98,8 @@ def test_profile_plan_and_tiles_end_to_end(chain_root, tmp_path, capsys):
 
 def test_bad_inputs_are_one_clear_error(chain_root):
     root, p = chain_root
+    with pytest.raises(PlanError, match="split 'tiles' is not one of: spatial"):
+        split_of({"name": DEP, "split": "tiles"})
     with pytest.raises(PlanError, match=r"threshold 0: .* \(0, 1\]"):
         plan_spatial(root, DEP, p, threshold=0.0)
     with pytest.raises(PlanError, match="partition along H, W"):
