@@ -226,6 +226,14 @@ def print_summary(summary: dict, seconds: float) -> None:
             p.add_row(r["deployment"], f"{r['model']}:{r['version']}", f"{r['point']}/{r['of']}", str(r["cores"]),
                       f"{r['predicted_ms']:.2f}", r["figures"])
         out.print(p)
+    if summary.get("splits"):
+        sp = table("Spatial splits (ADaPS): the score is the cost model's, modelled", (
+            "deployment", "model", "devices", "along", "score ms", "bytes/frame", "tiles identical"),
+            right=("score ms", "bytes/frame", "tiles identical"))
+        for r in summary["splits"]:
+            sp.add_row(r["deployment"], r["model"], ", ".join(r["devices"]), r["axis"], f"{r['score_ms']:.2f}",
+                       f"{r['bytes_per_frame']:,}", f"{r['identical']:.0%}")
+        out.print(sp)
     for r in summary["published"]:
         if r["new_revision"]:
             out.print(f"published {r['deployment']} revision {r['revision']}: {r['blobs']} blobs, "

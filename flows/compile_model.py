@@ -45,13 +45,12 @@ def _compile(models: list[dict], root: str, params_file: str | None, store: str 
     ledger.map(model_tasks.version, [(d, params) for d in dirs])  # DVC: each version's artifacts, pushed
     plans = dict(zip(served, ledger.map(dep_tasks.plan, [(root, d, params) for d in served])))
     splits = [d for d in served if d in split_classes(params, served)]
-    if splits:
-        ledger.map(dep_tasks.plan_spatial, [(root, d, params) for d in splits])
+    made = ledger.map(dep_tasks.plan_spatial, [(root, d, params) for d in splits]) if splits else []
     published = dict(zip(served, ledger.map(dep_tasks.publish, [(root, d, params, store, key) for d in served])))
     name = models[0]["name"] if len(models) == 1 else ", ".join(m["name"] for m in models)
     version = str(models[0]["version"]) if len(models) == 1 else ", ".join(str(m["version"]) for m in models)
     return {**report(ledger, name, version, dirs[0] if len(dirs) == 1 else root, plans, published),
-            "flow_started": started, "flow_seconds": time.time() - started}
+            "splits": [r for r in made if r], "flow_started": started, "flow_seconds": time.time() - started}
 
 
 def _conv_speeds(params: dict, served: list[str]) -> set[tuple[str, str]]:

@@ -114,7 +114,11 @@ def plan_spatial(root: str, name: str, params: dict) -> dict | None:
     record = _optional_plan(Path(root), name, "spatial", lambda: make(Path(root), name, params)[0], (),
                             lambda r: f"{len(r['devices'])} devices along {r['axis']}, score {r['score_s'] * 1e3:.2f} "
                                       f"ms, tiles identical {min(r['tiles']['identical'].values()):.0%}")
-    return None if record is None else {"axis": record["axis"], "score_s": record["score_s"]}
+    return None if record is None else {
+        "deployment": name, "model": f"{record['model']}:{record['version']}", "axis": record["axis"],
+        "devices": [d["id"] for d in record["devices"]], "score_ms": record["score_s"] * 1e3,
+        "bytes_per_frame": sum(record["tiles"]["bytes_per_frame"].values()),
+        "identical": min(record["tiles"]["identical"].values())}
 
 
 def _publish_inputs(p: dict):

@@ -287,6 +287,7 @@ def test_a_split_deployment_is_planned_and_published_with_its_tiles(tmp_path):
         cold = edgeplan(tmp_path, "run", "zoo:spatial_chain", "--name", "chain", "--version", "1")
         assert cold.returncode == 0, cold.stderr[-3000:]
         assert ran_tasks(cold.stdout)["plan_spatial"] == "Completed", cold.stdout
+        assert "Spatial splits (ADaPS)" in flat(cold.stdout) and "dev-a" in cold.stdout, cold.stdout
         for cls in ("head", "helper"):
             profile = json.loads((tmp_path / "artifacts" / "chain" / "1" / "profiles" / f"{cls}.json").read_text())
             assert profile["conv_speed"]["s_per_mac"] > 0
