@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from edgeplan.pipeline.planning import deployments_serving, device_classes, split_classes
+from edgeplan.pipeline.planning import conv_speed_pairs, deployments_serving, device_classes, split_classes
 from flows.common import Ledger, absolute, load_params, report
 from tasks import deployment as dep_tasks
 from tasks import model as model_tasks
@@ -38,27 +38,19 @@ def _compile(models: list[dict], root: str, params_file: str | None, store: str 
         params, names = deployments_serving(params, m["name"], str(m["version"]), root)
         served += [n for n in names if n not in served]
     classes = device_classes(params, served)
-    conv = _conv_speeds(params, served)
+    split = split_classes(params, served)
+    conv = conv_speed_pairs(params, split)
     ledger.map(model_tasks.parallax, [(d, params) for d in dirs])  # measured here: beside the profiles
     ledger.map(model_tasks.profile, [(d, dc, params, (m["name"], dc) in conv)
                                      for m, d in zip(models, dirs) for dc in classes])
     ledger.map(model_tasks.version, [(d, params) for d in dirs])  # DVC: each version's artifacts, pushed
     plans = dict(zip(served, ledger.map(dep_tasks.plan, [(root, d, params) for d in served])))
-    splits = [d for d in served if d in split_classes(params, served)]
-    made = ledger.map(dep_tasks.plan_spatial, [(root, d, params) for d in splits]) if splits else []
+    made = ledger.map(dep_tasks.plan_spatial, [(root, d, params) for d in served if d in split]) if split else []
     published = dict(zip(served, ledger.map(dep_tasks.publish, [(root, d, params, store, key) for d in served])))
     name = models[0]["name"] if len(models) == 1 else ", ".join(m["name"] for m in models)
     version = str(models[0]["version"]) if len(models) == 1 else ", ".join(str(m["version"]) for m in models)
     return {**report(ledger, name, version, dirs[0] if len(dirs) == 1 else root, plans, published),
             "splits": [r for r in made if r], "flow_started": started, "flow_seconds": time.time() - started}
-
-
-def _conv_speeds(params: dict, served: list[str]) -> set[tuple[str, str]]:
-    """(model, device class) pairs whose profile also measures conv speeds: the model of a split deployment on the
-    classes of its devices."""
-    deps = {d["name"]: d for d in params["deployments"]}
-    return {(m["name"], c) for n, classes in split_classes(params, served).items() for m in deps[n]["models"]
-            for c in classes}
 
 
 @flow(name="compile-model")

@@ -165,11 +165,8 @@ def _flashmem(root: Path, name: str, plan: SwapLessPlan) -> dict[str, bytes]:
             raise ArtifactError(f"{path}: planned for {m.name} {m.version} as it was streamed then; run "
                                 f"`edgeplan plan flashmem --deployment {name}` again")
         for seg in m.segments:
-            data = (base / seg.file).read_bytes() if (base / seg.file).is_file() else b""
-            if sha256(data) != seg.sha256:
-                raise ArtifactError(f"{base / seg.file}: missing or not the segment the plan names; run "
-                                    f"`edgeplan plan flashmem --deployment {name}` again")
-            out[f"deployments/{name}/{seg.file}"] = data
+            out[f"deployments/{name}/{seg.file}"] = _named(base / seg.file, seg.sha256, "segment the plan names",
+                                                           f"run `edgeplan plan flashmem --deployment {name}` again")
     return out
 
 
@@ -195,10 +192,8 @@ def _parallax(root: Path, name: str, plan: SwapLessPlan, blobs: dict[str, bytes]
                 raise ArtifactError(f"{path}: planned {m.name}'s point {pp.point} for another suffix; {again}")
             for st in pp.stages:
                 for s in st.submodels:
-                    data = (base / s.file).read_bytes() if (base / s.file).is_file() else b""
-                    if sha256(data) != s.sha256:
-                        raise ArtifactError(f"{base / s.file}: missing or not the sub-model the plan names; {again}")
-                    out[f"deployments/{name}/{s.file}"] = data
+                    out[f"deployments/{name}/{s.file}"] = _named(base / s.file, s.sha256, "sub-model the plan names",
+                                                                 again)
     return out
 
 
@@ -229,9 +224,7 @@ def _spatial(root: Path, name: str, plan: SwapLessPlan, devices: set[str]) -> di
     if sha256(int8.read_bytes()) != int8_sha:
         raise ArtifactError(f"{path}: planned for another {int8}; {again}")
     split = base / "spatial"
-    raw = (split / "tables.json").read_bytes() if (split / "tables.json").is_file() else b""
-    if sha256(raw) != tables_sha:
-        raise ArtifactError(f"{split / 'tables.json'}: missing or not the tables the plan names; {again}")
+    raw = _named(split / "tables.json", tables_sha, "tables the plan names", again)
     try:
         tables = parse_tables(raw)
     except RankError as e:
@@ -247,8 +240,13 @@ def _spatial(root: Path, name: str, plan: SwapLessPlan, devices: set[str]) -> di
             raise ArtifactError(f"{split / f}: missing; {again}")
         out[f"{prefix}/{f}"] = (split / f).read_bytes()
     for s in tables["stages"]:
-        data = (split / s["int8"]).read_bytes() if (split / s["int8"]).is_file() else b""
-        if sha256(data) != s["int8_sha256"]:
-            raise ArtifactError(f"{split / s['int8']}: missing or not the tile the tables name; {again}")
-        out[f"{prefix}/{s['int8']}"] = data
+        out[f"{prefix}/{s['int8']}"] = _named(split / s["int8"], s["int8_sha256"], "tile the tables name", again)
     return out
+
+
+def _named(path: Path, sha: str, what: str, again: str) -> bytes:
+    """The bytes of ``path``, which a plan names by ``sha`` (refused when missing or other: plan again)."""
+    data = path.read_bytes() if path.is_file() else b""
+    if sha256(data) != sha:
+        raise ArtifactError(f"{path}: missing or not the {what}; {again}")
+    return data

@@ -82,6 +82,13 @@ def split_classes(params: dict, served: list[str]) -> dict[str, list[str]]:
     return {n: sorted({x.device_class for x in fleet.devices if x.deployment == n}) for n in names}
 
 
+def conv_speed_pairs(params: dict, split: dict[str, list[str]]) -> set[tuple[str, str]]:
+    """(model, device class) pairs whose profile also measures conv speeds: the model of each split deployment of
+    ``split`` (``split_classes``) on the classes of its devices."""
+    deps = {d["name"]: d for d in params["deployments"]}
+    return {(m["name"], c) for n, classes in split.items() for m in deps[n]["models"] for c in classes}
+
+
 def device_classes(params: dict, served: list[str]) -> list[str]:
     """The device classes of the deployments ``served``, and of the registry's devices of the split ones."""
     split = {c for classes in split_classes(params, served).values() for c in classes}
