@@ -291,17 +291,25 @@ def _fleet(params):
 
 def cmd_profile_run(args, params) -> int:
     from edgeplan.artifacts import ModelInfo
-    from edgeplan.pipeline.planning import deployments_serving, device_classes
+    from edgeplan.pipeline.planning import (
+        conv_speed_pairs,
+        deployments_serving,
+        device_classes,
+        split_classes,
+    )
     from edgeplan.profile import cpu, run
     from edgeplan.profile.predictor import Predictor
 
     model_dir = Path(args.artifact_dir)
+    conv: set[str] = set()  # classes whose conv speeds are measured without --conv-speed
     if args.device_class:
         names = [args.device_class]
-    else:  # what `edgeplan run` profiles: the classes of the deployments serving this model version
+    else:  # what `edgeplan run` profiles: the classes of the deployments serving this model version (and of the
+        # registry's devices of the split ones, with conv speeds)
         info = ModelInfo.load(model_dir / "model.json")
         params, served = deployments_serving(params, info.name, info.version, str(model_dir.parents[1]))
         names = device_classes(params, served)
+        conv = {c for m, c in conv_speed_pairs(params, split_classes(params, served)) if m == info.name}
     if args.summary_json and len(names) != 1:
         raise EdgeplanError(f"--summary-json takes one device class; {model_dir} is served on {', '.join(names)}: "
                             "pass --device-class")
@@ -321,7 +329,7 @@ def cmd_profile_run(args, params) -> int:
             prof = run.profile(model_dir, device_class, settings, update, predictor=predictor,
                                sample=args.sample, cpu_prefixes=args.cpu_prefixes,
                                capacity_rounds=int(params["flashmem"]["capacity_rounds"]),
-                               conv_speed=args.conv_speed)
+                               conv_speed=args.conv_speed or name in conv)
         print_profile(prof)
         if prof.conv_speed is not None:
             c = prof.conv_speed
@@ -627,7 +635,8 @@ def parser() -> argparse.ArgumentParser:
                          "compile report), suffixes CPU times measured here with 1..K interpreter threads.")
     pr.add_argument("artifact_dir", help="artifacts/<name>/<version> of a compiled model (edgeplan compile)")
     pr.add_argument("--device-class", help="a class of the fleet registry (`edgeplan fleet`); default: every class "
-                    "whose deployments serve this model version (what `edgeplan run` profiles)")
+                    "whose deployments serve this model version, and the classes of a split deployment's devices "
+                    "with conv speeds (what `edgeplan run` profiles)")
     pr.add_argument("--summary-json", help="also write the per-point summary (tpu_ms, cpu_ms per core count) here")
     pr.add_argument("--sample", type=int, help="measure only this many suffixes (spread evenly), predict the rest")
     pr.add_argument("--predictor", help="predictor file from `edgeplan profile train` (for --sample or predicted classes)")

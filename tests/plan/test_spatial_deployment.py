@@ -108,3 +108,19 @@ def test_bad_inputs_are_one_clear_error(chain_root):
     one["fleet"]["devices"] = one["fleet"]["devices"][:1]
     with pytest.raises(PlanError, match="1 device.* at least 2"):
         plan_spatial(root, DEP, one)
+
+
+def test_profile_run_without_a_class_profiles_a_split_deployment_as_edgeplan_run_does(chain_root, tmp_path):
+    """`split: spatial`: the default classes are those of the deployment's devices, each with its conv speed."""
+    root, p = chain_root
+    name = json.loads((root / "chain" / "1" / "model.json").read_text())["name"]  # the zoo model's own name
+    d = tmp_path / "root" / name / "1"
+    shutil.copytree(root / "chain" / "1", d, ignore=shutil.ignore_patterns("profiles"))
+    split = copy.deepcopy(p)
+    split["deployments"][0].update(split="spatial", models=[{"name": name, "version": "1", "rate": 1.0}])
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(split))
+    assert main(["--params", str(params_file), "profile", "run", str(d), "--repeats", "5", "--span-s", "0.2",
+                 "--budget-s", "0.5"]) == 0
+    for cls in ("fast", "slow"):
+        assert Profile.load(d / "profiles" / f"{cls}.json").conv_speed.s_per_mac > 0
