@@ -15,6 +15,7 @@
     edgeplan plan flashmem --deployment NAME      FlashMem overlap plans streaming weights -> plans/flashmem.json
     edgeplan plan parallax --deployment NAME      Parallax: suffixes run branch-parallel -> plans/parallax.json
     edgeplan plan spatial --deployment NAME       ADaPS: one model split along H/W over devices -> plans/spatial.json
+    edgeplan plan autodice --deployment NAME      AutoDiCE: one model cut into layers over devices -> plans/autodice.json
     edgeplan units ARTIFACT_DIR                   the layers a multi-device mapping keeps together (fused units)
     edgeplan split ARTIFACT_DIR --mapping M ...   one model over several devices: stages, tables, rankfile (AutoDiCE)
 """
@@ -564,6 +565,31 @@ def cmd_plan_spatial(args, params) -> int:
     return 0
 
 
+def cmd_plan_autodice(args, params) -> int:
+    from edgeplan.plan.multidevice.deployment import PLOT_FILE, plan_autodice
+
+    with _progress() as update:
+        record, path = plan_autodice(Path(args.out), args.deployment, params, args.objective, args.generations,
+                                     lambda done, total: update("unit times", done, total))
+    t = table(f"AutoDiCE Pareto front for {record['deployment']}: {record['model']} {record['version']} over "
+              f"{len(record['devices'])} devices (predicted; energy modelled)",
+              ("point", "devices", "frames/s", "largest device MB", "energy J/frame (modelled)", "resources"),
+              right=("point", "devices", "frames/s", "largest device MB", "energy J/frame (modelled)"))
+    for k, p in enumerate([*record["front"], record["single_device"]]):
+        label = "one device" if k == len(record["front"]) else str(k) + (" *" if k == record["chosen"] else "")
+        t.add_row(label, str(len(p["mapping"])), f"{p['throughput_fps']:.2f}", f"{p['memory_bytes'] / 1e6:.2f}",
+                  f"{p['energy_j_modelled']:.3f}", ", ".join(dict.fromkeys(p["resources"])))
+    console.print(t)
+    e, sp = record["explore"], record["split"]
+    console.print(f"NSGA-II {e['population']} x {e['generations']} generations in {e['seconds']:.1f} s; * the point "
+                  f"best on {record['objective']}: {sp['ranks']} ranks, {sp['stages']} stages, {sp['buffers']} buffers "
+                  f"({sp['buffer_bytes'] / 1e3:.1f} KB per frame); verified: float max |diff| "
+                  f"{sp['verify']['float_max_abs_diff']:.2g}, int8 identical (reference "
+                  f"{sp['verify']['int8_identical_reference']:.0%}, XNNPACK {sp['verify']['int8_identical_xnnpack']:.0%})")
+    console.print(f"wrote {path}, {path.parent.parent / PLOT_FILE} and {path.parent.parent / 'multidevice'}")
+    return 0
+
+
 def _stages():
     from edgeplan.pipeline import stages
 
@@ -709,6 +735,21 @@ def parser() -> argparse.ArgumentParser:
                     "params spatial.threshold)")
     pz.add_argument("--dims", help="dimensions to search: H, W or H,W (default: params spatial.dims)")
     pz.set_defaults(func=cmd_plan_spatial)
+    pa = plsub.add_parser("autodice", help="AutoDiCE: one model cut into consecutive layers over the deployment's devices",
+                          description="The deployment's one model split over the fleet registry's devices assigned to "
+                          "it (registry order; their classes' cores, net_bytes_per_s, power_w and cpu_quota). Times "
+                          "every unit (the layers the int8 model fuses) on this machine, explores cuts and 1-core or "
+                          "all-core resources with NSGA-II (params multidevice), splits the Pareto point best on the "
+                          "objective into int8 and float stages verified against the whole model, and writes "
+                          "<out>/deployments/NAME/multidevice/ (tables.json, stages, rankfile, hostfile), "
+                          "plans/autodice.json and plans/autodice.png (the front). Throughput and memory are "
+                          "predicted, energy modelled; `edgeplan-runtime mpi run` measures them.")
+    pa.add_argument("--deployment", required=True, help="a deployment of params.yaml with one model")
+    pa.add_argument("--out", default="artifacts", help="artifact root (default: artifacts)")
+    pa.add_argument("--objective", choices=("throughput", "memory", "energy"),
+                    help="the Pareto point split (default: params multidevice.objective)")
+    pa.add_argument("--generations", type=int, help="NSGA-II generations (default: params multidevice.generations)")
+    pa.set_defaults(func=cmd_plan_autodice)
     from edgeplan import cli_multidevice, cli_run, cli_store
 
     cli_multidevice.register(sub)

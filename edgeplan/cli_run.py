@@ -226,13 +226,24 @@ def print_summary(summary: dict, seconds: float) -> None:
             p.add_row(r["deployment"], f"{r['model']}:{r['version']}", f"{r['point']}/{r['of']}", str(r["cores"]),
                       f"{r['predicted_ms']:.2f}", r["figures"])
         out.print(p)
-    if summary.get("splits"):
+    spatial = [r for r in summary.get("splits") or [] if r.get("planner", "spatial") == "spatial"]
+    if spatial:
         sp = table("Spatial splits (ADaPS): the score is the cost model's, modelled", (
             "deployment", "model", "devices", "along", "score ms", "bytes/frame", "tiles identical"),
             right=("score ms", "bytes/frame", "tiles identical"))
-        for r in summary["splits"]:
+        for r in spatial:
             sp.add_row(r["deployment"], r["model"], ", ".join(r["devices"]), r["axis"], f"{r['score_ms']:.2f}",
                        f"{r['bytes_per_frame']:,}", f"{r['identical']:.0%}")
+        out.print(sp)
+    layered = [r for r in summary.get("splits") or [] if r.get("planner") == "autodice"]
+    if layered:
+        sp = table("Layer splits (AutoDiCE): the Pareto point best on the objective, predicted", (
+            "deployment", "model", "ranks", "objective", "frames/s", "largest device MB", "bytes/frame",
+            "int8 identical"), right=("frames/s", "largest device MB", "bytes/frame", "int8 identical"))
+        for r in layered:
+            sp.add_row(r["deployment"], r["model"], ", ".join(r["devices"]), r["objective"],
+                       f"{r['throughput_fps']:.1f}", f"{r['memory_bytes'] / 1e6:.2f}", f"{r['bytes_per_frame']:,}",
+                       f"{r['identical']:.0%}")
         out.print(sp)
     for r in summary["published"]:
         if r["new_revision"]:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from prefect import flow
 
-from edgeplan.pipeline.planning import conv_speed_pairs, deployments_serving, device_classes, split_classes
+from edgeplan.pipeline.planning import (conv_speed_pairs, deployments_serving, device_classes, split_classes,
+                                        split_deployments)
 from flows.common import Ledger, absolute, load_params, report
 from tasks import deployment as dep_tasks
 from tasks import model as model_tasks
@@ -45,7 +46,10 @@ def _compile(models: list[dict], root: str, params_file: str | None, store: str 
                                      for m, d in zip(models, dirs) for dc in classes])
     ledger.map(model_tasks.version, [(d, params) for d in dirs])  # DVC: each version's artifacts, pushed
     plans = dict(zip(served, ledger.map(dep_tasks.plan, [(root, d, params) for d in served])))
-    made = ledger.map(dep_tasks.plan_spatial, [(root, d, params) for d in served if d in split]) if split else []
+    made = []
+    for planner, make in (("spatial", dep_tasks.plan_spatial), ("autodice", dep_tasks.plan_autodice)):
+        names = [d for d, s in split_deployments(params, served).items() if s == planner]
+        made += ledger.map(make, [(root, d, params) for d in names]) if names else []
     published = dict(zip(served, ledger.map(dep_tasks.publish, [(root, d, params, store, key) for d in served])))
     name = models[0]["name"] if len(models) == 1 else ", ".join(m["name"] for m in models)
     version = str(models[0]["version"]) if len(models) == 1 else ", ".join(str(m["version"]) for m in models)

@@ -1,5 +1,5 @@
 """The deployment stages as tasks: plan (SwapLess, then FlashMem and Parallax where they apply) and publish
-(bundle, sign, upload); plan_spatial for a split deployment."""
+(bundle, sign, upload); plan_spatial or plan_autodice for a split deployment."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -115,17 +115,57 @@ def plan_spatial(root: str, name: str, params: dict) -> dict | None:
                             lambda r: f"{len(r['devices'])} devices along {r['axis']}, score {r['score_s'] * 1e3:.2f} "
                                       f"ms, tiles identical {min(r['tiles']['identical'].values()):.0%}")
     return None if record is None else {
-        "deployment": name, "model": f"{record['model']}:{record['version']}", "axis": record["axis"],
+        "deployment": name, "planner": "spatial", "model": f"{record['model']}:{record['version']}",
+        "axis": record["axis"],
         "devices": [d["id"] for d in record["devices"]], "score_ms": record["score_s"] * 1e3,
         "bytes_per_frame": sum(record["tiles"]["bytes_per_frame"].values()),
         "identical": min(record["tiles"]["identical"].values())}
 
 
+AUTODICE_CODE = ("plan/multidevice", "surgery/multidevice.py", "pipeline/multidevice.py", "quantize", "graph",
+                 "profile/fleet.py", "profile/cpu.py", "runtime/stream.py")
+
+
+def _autodice_inputs(p: dict):
+    return [Path(p["root"]) / m["name"] / str(m["version"]) / f for m in _models(p)
+            for f in ("model.onnx", "model_int8.tflite")]
+
+
+@task(name="plan_autodice", cache_key_fn=content_key(_autodice_inputs, ["multidevice", "quantize", "fleet"],
+                                                     AUTODICE_CODE, scalars=("root", "name")), persist_result=True)
+def plan_autodice(root: str, name: str, params: dict) -> dict | None:
+    """A split deployment (``split: autodice``): its units timed on this machine (in the profiling slot: timings
+    are not shared with other work), NSGA-II over cuts of them across the registry's devices of it, the Pareto
+    point best on ``multidevice.objective`` split into stages verified against the whole model before anything is
+    written (``deployments/<name>/multidevice/``, ``plans/autodice.json`` and its plot; `edgeplan plan autodice`
+    does the same). Without a plan the stale one is removed and the log says why: the deployment publishes
+    without a split."""
+    from edgeplan.plan.multidevice.deployment import plan_autodice as make
+    from tasks.slots import slot
+
+    log = get_run_logger()
+    with slot("profile", 1, log=log):
+        record = _optional_plan(Path(root), name, "autodice", lambda: make(Path(root), name, params)[0], (),
+                                lambda r: f"{r['split']['ranks']} ranks of {len(r['devices'])} devices, predicted "
+                                          f"{r['front'][r['chosen']]['throughput_fps']:.1f} frames/s, int8 identical "
+                                          f"{r['split']['verify']['int8_identical_reference']:.0%}")
+    if record is None:
+        return None
+    point = record["front"][record["chosen"]]
+    return {"deployment": name, "planner": "autodice", "model": f"{record['model']}:{record['version']}",
+            "devices": list(point["mapping"]), "objective": record["objective"],
+            "throughput_fps": point["throughput_fps"], "memory_bytes": point["memory_bytes"],
+            "bytes_per_frame": record["split"]["buffer_bytes"],
+            "identical": min(record["split"]["verify"][k] for k in ("int8_identical_reference",
+                                                                    "int8_identical_xnnpack"))}
+
+
 def _publish_inputs(p: dict):
     root = Path(p["root"])
     files = [root / "deployments" / p["name"] / "plans" / f for f in ("swapless.json", "flashmem.json",
-                                                                     "parallax.json", "spatial.json")] + [
-        root / "deployments" / p["name"] / d for d in ("flashmem", "parallax", "spatial")]
+                                                                     "parallax.json", "spatial.json",
+                                                                     "autodice.json")] + [
+        root / "deployments" / p["name"] / d for d in ("flashmem", "parallax", "spatial", "multidevice")]
     for m in _models(p):
         d = root / m["name"] / str(m["version"])
         files += [d / "segments", d / "profiles", d / "verify.json", d / "model.json", d / "model_int8.tflite"]

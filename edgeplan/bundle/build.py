@@ -134,10 +134,10 @@ def build(root: Path, name: str, params: dict) -> Bundle:
     if parallel:
         blobs.update(parallel)
         plans["parallax"] = f"deployments/{name}/plans/parallax.json"
-    tiles = _spatial(Path(root), name, plan, {d.id for d in fleet.devices if d.deployment == name})
-    if tiles:
-        blobs.update(tiles)
-        plans["spatial"] = f"deployments/{name}/plans/spatial.json"
+    planner, split = _split(Path(root), name, plan, {d.id for d in fleet.devices if d.deployment == name})
+    if planner:
+        blobs.update(split)
+        plans[planner] = f"deployments/{name}/plans/{planner}.json"
     refs = tuple(BlobRef(n, MEDIA.get(Path(n).suffix, "application/octet-stream"), len(b), sha256(b))
                  for n, b in sorted(blobs.items()))
     compiler = "emulated" if "emulated" in compilers or not compilers else min(compilers)
@@ -197,33 +197,39 @@ def _parallax(root: Path, name: str, plan: SwapLessPlan, blobs: dict[str, bytes]
     return out
 
 
-def _spatial(root: Path, name: str, plan: SwapLessPlan, devices: set[str]) -> dict[str, bytes]:
-    """The ADaPS plan and its split (tables, rankfile, hostfile, every rank's int8 tiles), when the deployment has
-    one made for the model version it serves, that version's int8 model and the registry's devices of the
-    deployment (else refused: re-plan)."""
+def _split(root: Path, name: str, plan: SwapLessPlan, devices: set[str]) -> tuple[str | None, dict[str, bytes]]:
+    """(planner, files) of the deployment's multi-device split (ADaPS tiles or AutoDiCE stages: the plan, tables,
+    rankfile, hostfile, the split's summary and every rank's int8 stages), when it has one made for the model
+    version it serves, that version's int8 model and the registry's devices of the deployment (else refused:
+    re-plan); (None, {}) without one."""
     import json
 
     from edgeplan.distributed.rank import RankError, parse_tables
-    from edgeplan.plan.spatial.deployment import PLAN_FILE
+    from edgeplan.runtime.split import COMMON, PLANNERS
 
     base = root / "deployments" / name
-    path = base / PLAN_FILE
-    if not path.is_file():
-        return {}
-    again = f"run `edgeplan plan spatial --deployment {name}` again"
+    found = [p for p in PLANNERS if (base / "plans" / f"{p}.json").is_file()]
+    if not found:
+        return None, {}
+    if len(found) > 1:
+        raise ArtifactError(f"{base / 'plans'}: holds {' and '.join(found)} plans; a deployment runs one split: plan "
+                            f"it again (`edgeplan plan {found[0]} --deployment {name}` removes the other)")
+    planner, kind = found[0], PLANNERS[found[0]]
+    path = base / "plans" / f"{planner}.json"
+    again = f"run `edgeplan plan {planner} --deployment {name}` again"
     try:
         record = json.loads(path.read_text())
         model, version, int8_sha, tables_sha = (record["model"], record["version"], record["model_int8_sha256"],
-                                                record["tiles"]["tables_sha256"])
+                                                record[kind.record]["tables_sha256"])
     except (ValueError, KeyError, TypeError) as e:
-        raise ArtifactError(f"{path}: not an ADaPS plan ({type(e).__name__}: {e}); {again}") from None
+        raise ArtifactError(f"{path}: not a {planner} plan ({type(e).__name__}: {e}); {again}") from None
     versions = {m.name: m.version for m in plan.models}
     if versions.get(model) != version:
         raise ArtifactError(f"{path}: planned for {model} {version}, which the deployment does not serve; {again}")
     int8 = root / model / version / "model_int8.tflite"
     if sha256(int8.read_bytes()) != int8_sha:
         raise ArtifactError(f"{path}: planned for another {int8}; {again}")
-    split = base / "spatial"
+    split = base / kind.dir
     raw = _named(split / "tables.json", tables_sha, "tables the plan names", again)
     try:
         tables = parse_tables(raw)
@@ -233,15 +239,15 @@ def _spatial(root: Path, name: str, plan: SwapLessPlan, devices: set[str]) -> di
     if gone:
         raise ArtifactError(f"{path}: splits the model over {', '.join(gone)}, which the fleet registry no longer "
                             f"assigns to {name}; {again}")
-    prefix = f"deployments/{name}/spatial"
-    out = {f"deployments/{name}/{PLAN_FILE}": path.read_bytes(), f"{prefix}/tables.json": raw}
-    for f in ("rankfile", "hostfile", "spatial.json"):
+    prefix = f"deployments/{name}/{kind.dir}"
+    out = {f"deployments/{name}/plans/{planner}.json": path.read_bytes(), f"{prefix}/tables.json": raw}
+    for f in (*COMMON[1:], kind.summary):
         if not (split / f).is_file():
             raise ArtifactError(f"{split / f}: missing; {again}")
         out[f"{prefix}/{f}"] = (split / f).read_bytes()
     for s in tables["stages"]:
-        out[f"{prefix}/{s['int8']}"] = _named(split / s["int8"], s["int8_sha256"], "tile the tables name", again)
-    return out
+        out[f"{prefix}/{s['int8']}"] = _named(split / s["int8"], s["int8_sha256"], "stage the tables name", again)
+    return planner, out
 
 
 def _named(path: Path, sha: str, what: str, again: str) -> bytes:

@@ -367,6 +367,32 @@ def _fault(spec: str | None, rank: int, frame: int) -> None:
         raise RankError(f"fault injected (--fault {spec})")
 
 
+def _differ(got: np.ndarray, path: str) -> list[int]:
+    """The frames whose output is not exactly the expected one (shape and values)."""
+    want = np.load(path, allow_pickle=False)
+    return [k for k, y in enumerate(got) if k >= len(want) or y.shape != want[k].shape or not np.array_equal(y, want[k])]
+
+
+def _roll_back(me: Rank, split_dir: Path, template: str) -> dict | None:
+    """This device's pull destination back to its previous revision, when the revision the ranks ran is still its
+    active one; done by the device's lowest rank only (a device may hold several). What was done, or why not."""
+    from edgeplan.errors import EdgeplanError
+    from edgeplan.runtime.pull import rollback
+
+    device = me.tables["ranks"][me.rank]["device"]
+    if min(r["rank"] for r in me.tables["ranks"] if r["device"] == device) != me.rank:
+        return None
+    dest = Path(template.replace("{hostname}", socket.gethostname()))
+    done = {"device": device, "dest": str(dest)}
+    if (dest / "current").resolve() not in split_dir.resolve().parents:
+        return {**done, "error": "the revision run is not the active one there; left as it is"}
+    try:
+        was, now = rollback(dest)
+    except EdgeplanError as e:
+        return {**done, "error": str(e)}
+    return {**done, "from": was.revision, "to": now.revision}
+
+
 def main(argv: list[str] | None = None) -> int:
     from mpi4py import MPI
 
@@ -383,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
                    "by the host's name (emulated hosts sharing one filesystem, each with its own pulled revision)")
     p.add_argument("--builtin-kernels", action="store_true", help="LiteRT's builtin kernels instead of XNNPACK (the "
                    "kernels the bundle's self-tests were computed with)")
+    p.add_argument("--expected", help="head: an .npy of the outputs the frames must give exactly (self-tests); the "
+                   "verdict goes to every rank")
+    p.add_argument("--rollback-dest", help="with --expected: where this host pulled the revision ({hostname} is "
+                   "replaced); when an output differs, every device rolls back there to its previous revision")
     p.add_argument("--fault", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     split_dir = Path(args.rank_dir.replace("{hostname}", socket.gethostname()) if args.rank_dir else args.split_dir)
@@ -411,6 +441,12 @@ def main(argv: list[str] | None = None) -> int:
         stats = {"rank": me.rank, "host": me.host, "wall_s": wall, "busy_s": me.busy_s, "wait_s": me.wait_s,
                  "cpu_s": time.process_time() - c0, "stages": [s.index for s in me.stages],
                  "peak_rss_bytes": _peak_rss(), "base_rss_bytes": me.base_rss_bytes, "sent_bytes": me.sent_bytes}
+        if args.expected:  # a self-test: the head's verdict to every rank, each device rolling back on a failure
+            differ = _differ(np.stack([buf for buf, _ in outs]), args.expected) if head else None
+            differ = comm.bcast(differ, root=me.tables["head"])
+            stats["selftest_differs"] = differ
+            if differ and args.rollback_dest:
+                stats["rolled_back"] = _roll_back(me, split_dir, args.rollback_dest)
         every = comm.gather(stats, root=me.tables["head"])
         if head:
             if args.out:

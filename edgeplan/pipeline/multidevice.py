@@ -9,7 +9,7 @@ from edgeplan.errors import ArtifactError, SpecError
 from edgeplan.plan.multidevice import spec, units
 
 
-def _load(root: Path, params: dict):
+def load(root: Path, params: dict):
     """The float model and the int8 graph, each read once, and inputs like the calibration set's: ``samples(k)``
     draws two with seed offset k (1: matching units, as the build's matching; 2: verifying a split)."""
     from edgeplan.graph.model import GraphView
@@ -30,7 +30,7 @@ def _load(root: Path, params: dict):
 
 
 def find_units(root: Path, params: dict) -> units.Units:
-    model, graph, _, samples = _load(root, params)
+    model, graph, _, samples = load(root, params)
     return units.find(model, graph, samples(1), min_cosine=params["quantize"]["match_min_cosine"])
 
 
@@ -52,7 +52,7 @@ def platform_for(params: dict, platform_path: str | None, deployment: str | None
 def split(root: Path, params: dict, mapping_path: Path, platform: spec.Platform, out: Path) -> dict:
     from edgeplan.surgery import multidevice
 
-    model, graph, cal, samples = _load(root, params)
+    model, graph, cal, samples = load(root, params)
     us = units.find(model, graph, samples(1), min_cosine=params["quantize"]["match_min_cosine"])
     mapping = spec.load_mapping(mapping_path, platform, us)
     return multidevice.split(root, us, mapping, platform, out, xs=samples(2), seed=cal.seed)

@@ -37,6 +37,8 @@ DEFAULTS: dict = {
     "parallax": {"workers": 2, "margin": 0.4, "budget_bytes": None, "min_nodes": 3, "beta": 1.5, "repeats": 9,
                  "confirm_repeats": 15, "confirm_min_gain": 0.01, "verify_samples": 2, "force": False},
     "spatial": {"threshold": 0.15, "dims": ["H"], "verify_samples": 2},
+    "multidevice": {"objective": "throughput", "population": 100, "generations": 400, "mutation": 0.1,
+                    "crossover": 0.5, "seed": 0, "repeats": 5},
     "orchestration": {"conversion_slots": 1, "reprofile_cron": "0 3 * * *", "prefect_server": "local",
                       "prefect_server_idle_s": 1800},
     "publish": {"store": ".edgeplan/store", "trusted_keys": [".edgeplan/keys"]},

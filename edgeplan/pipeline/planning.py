@@ -60,22 +60,29 @@ def deployments_serving(params: dict, name: str, version: str, root: str) -> tup
     return params, served
 
 
-SPLITS = ("spatial",)  # a deployment's ``split``: its one model split over the registry's devices of it
+SPLITS = ("spatial", "autodice")  # a deployment's ``split``: its one model split over the registry's devices of it
+SPEED_SPLITS = ("spatial",)  # splits planned from every device class's measured conv speed
 
 
 def split_of(dep: dict) -> str | None:
-    """A deployment's ``split`` (params.yaml): ``spatial`` splits its one model over the fleet registry's devices of
-    the deployment (ADaPS, `edgeplan plan spatial`); none by default."""
+    """A deployment's ``split`` (params.yaml), which splits its one model over the fleet registry's devices of the
+    deployment: ``spatial`` along H or W (ADaPS, `edgeplan plan spatial`), ``autodice`` into consecutive layers
+    (AutoDiCE, `edgeplan plan autodice`); none by default."""
     split = dep.get("split")
     if split is not None and split not in SPLITS:
         raise PlanError(f"deployment {dep['name']!r}: split {split!r} is not one of: {', '.join(SPLITS)}")
     return split
 
 
+def split_deployments(params: dict, served: list[str]) -> dict[str, str]:
+    """The split deployments among ``served``: name -> its split."""
+    return {d["name"]: split_of(d) for d in params["deployments"] if d["name"] in served and split_of(d)}
+
+
 def split_classes(params: dict, served: list[str]) -> dict[str, list[str]]:
-    """Per split deployment among ``served``, the device classes of the registry's devices serving it (their
-    profiles carry the conv speeds the split is planned from)."""
-    names = [d["name"] for d in params["deployments"] if d["name"] in served and split_of(d)]
+    """Per deployment among ``served`` whose split is planned from conv speeds (``SPEED_SPLITS``), the device
+    classes of the registry's devices serving it (their profiles carry the conv speeds)."""
+    names = [n for n, s in split_deployments(params, served).items() if s in SPEED_SPLITS]
     if not names:
         return {}
     fleet = fleet_mod.load(params, {d["name"] for d in params["deployments"]})
@@ -87,6 +94,46 @@ def conv_speed_pairs(params: dict, split: dict[str, list[str]]) -> set[tuple[str
     ``split`` (``split_classes``) on the classes of its devices."""
     deps = {d["name"]: d for d in params["deployments"]}
     return {(m["name"], c) for n, classes in split.items() for m in deps[n]["models"] for c in classes}
+
+
+def split_model(root: Path, params: dict, name: str, what: str) -> tuple[str, str, Path]:
+    """(model, version, artifact directory) of the one model deployment ``name`` splits (``what``: the split, for
+    errors), its model.onnx and model_int8.tflite present."""
+    from edgeplan.errors import ArtifactError
+
+    dep = deployment(params, name)
+    if len(dep["models"]) != 1:
+        raise PlanError(f"deployment {name!r} serves {len(dep['models'])} models; {what} runs one")
+    m = dep["models"][0]
+    version = resolve_version(root, m["name"], str(m.get("version", "latest")))
+    d = Path(root) / m["name"] / version
+    for f in ("model.onnx", "model_int8.tflite"):
+        if not (d / f).is_file():
+            raise ArtifactError(f"{d / f}: missing; run `edgeplan compile` first")
+    return m["name"], version, d
+
+
+def keep_split(root: Path, name: str, planner: str) -> None:
+    """A deployment runs one split: the plans of the other split planners of ``name`` are removed (the bundle
+    refuses a deployment holding two)."""
+    from edgeplan.runtime.split import PLANNERS
+
+    for other in PLANNERS:
+        if other != planner:
+            (Path(root) / "deployments" / name / "plans" / f"{other}.json").unlink(missing_ok=True)
+
+
+def registry_platform(params: dict, name: str, what: str):
+    """(fleet, the registry's devices serving ``name`` in registry order as a multi-device platform); ``what``
+    (the split, for errors) needs at least 2."""
+    from edgeplan.plan.multidevice import spec
+
+    fleet = fleet_mod.load(params, {d["name"] for d in params.get("deployments") or []})
+    ids = [x.id for x in fleet.devices if x.deployment == name]
+    if len(ids) < 2:
+        raise PlanError(f"deployment {name!r}: {len(ids)} device(s) of the fleet registry serve it "
+                        f"(fleet.devices[].deployment); {what} needs at least 2")
+    return fleet, spec.from_fleet(fleet, ids)
 
 
 def device_classes(params: dict, served: list[str]) -> list[str]:
@@ -103,8 +150,6 @@ def plan_swapless(root: Path, name: str, params: dict, variant: str | None = Non
     dep = deployment(params, name)
     fleet = fleet_mod.load(params, {d["name"] for d in params.get("deployments") or []})
     dc = fleet.device_class(dep["device_class"])
-    if not dc.accelerator.edgetpu:
-        raise PlanError(f"deployment {name!r}: device class {dc.name!r} has no Edge TPU; SwapLess plans TPU/CPU splits")
     specs, versions, roots, notes, sources = [], [], [], [], set()
     for m in dep["models"]:
         version = resolve_version(root, m["name"], str(m.get("version", "latest")))
@@ -114,9 +159,11 @@ def plan_swapless(root: Path, name: str, params: dict, variant: str | None = Non
             raise ProfileError(f"{path}: missing; run `edgeplan profile run {d} --device-class {dc.name}` first")
         prof = Profile.load(path)
         sources |= {s.tpu.source for s in prof.segments if s.tpu is not None}
-        spec = model_spec(m["name"], float(m["rate"]), prof, str(path))
+        spec = model_spec(m["name"], float(m["rate"]), prof, str(path), edgetpu=dc.accelerator.edgetpu)
         unusable = [p for p in range(1, spec.last + 1) if spec.s_tpu[p] == float("inf")]
-        if unusable:
+        if not dc.accelerator.edgetpu:
+            notes.append(f"{m['name']}: device class {dc.name!r} has no Edge TPU; the model runs wholly on the CPU")
+        elif unusable:
             notes.append(f"{m['name']}: points {unusable} have ops the Edge TPU does not run; never chosen"
                          + (" (the model runs wholly on the CPU)" if len(unusable) == spec.last else ""))
         specs.append(spec)

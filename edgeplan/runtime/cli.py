@@ -274,7 +274,9 @@ def cmd_mpi_run(args) -> int:
     from edgeplan.runtime import split
 
     split_dir, extra = Path(args.dir), ["--window", str(args.window)]
+    dests = None  # where every host pulled, for a self-test's rollback
     if (split_dir / "current").is_symlink():  # a pull destination: the active revision's split, this the head
+        dests = str(Path(args.rank_dest or split_dir).absolute())
         rev_dir, split_dir, share = split.head_dir(split_dir)
         if args.rank_dest:
             extra += ["--rank-dir", str(Path(args.rank_dest) / "current" / share.dir)]
@@ -287,7 +289,9 @@ def cmd_mpi_run(args) -> int:
         xs, want, names = split.selftests(rev_dir)
         frames, inputs, out = len(xs), str(Path(scratch.name) / "selftest.npy"), str(Path(scratch.name) / "out.npy")
         np.save(inputs, xs)
-        extra.append("--builtin-kernels")  # the kernels the expected outputs were computed with
+        np.save(Path(scratch.name) / "expected.npy", want)
+        extra += ["--builtin-kernels",  # the kernels the expected outputs were computed with
+                  "--expected", str(Path(scratch.name) / "expected.npy"), "--rollback-dest", dests]
     if inputs:
         extra += ["--inputs", str(Path(inputs).resolve())]
     if out:
@@ -312,8 +316,11 @@ def cmd_mpi_run(args) -> int:
     if args.selftest:
         bad = [n for n, y, w in zip(names, got, want) if y.shape != w.shape or not np.array_equal(y, w)]
         if bad:
+            done = [k["rolled_back"] for k in s["ranks"] if k.get("rolled_back")]
+            back = "; ".join(f"{d['device']} {d['from']} -> {d['to']}" if "to" in d else f"{d['device']} NOT rolled "
+                             f"back ({d['error']})" for d in done)
             print(f"self-test FAILED over the ranks: {', '.join(bad)} give another output than the bundle expects; "
-                  "do not serve this revision (`edgeplan-runtime rollback` on every device of the split)",
+                  f"every device of the split rolled back to its previous revision: {back or 'none'}",
                   file=sys.stderr)
             return 1
         print(f"self-test passed over the ranks: {len(names)} of {len(names)} outputs identical to the whole int8 model")
@@ -423,7 +430,8 @@ def build_parser() -> argparse.ArgumentParser:
     mp.add_argument("dir", help="the split directory (tables.json, rankfile, hostfile, int8/), or a pull destination "
                     "whose active revision carries a split this device heads")
     mp.add_argument("--selftest", action="store_true", help="with a pull destination: run the revision's self-tests "
-                    "through the ranks and require the bundle's expected outputs exactly (exit 1 otherwise)")
+                    "through the ranks and require the bundle's expected outputs exactly; otherwise every device of the split "
+                    "(each rank's host, at --rank-dest or this path) rolls back to its previous revision and this exits 1")
     mp.add_argument("--rank-dest", metavar="TEMPLATE", help="with a pull destination: where the other hosts pulled, when "
                     "not at the same path as here; {hostname} is each host's name (emulated hosts on one filesystem)")
     mp.add_argument("--frames", type=int, default=10, help="frames to run (default 10)")

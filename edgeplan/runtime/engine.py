@@ -368,7 +368,8 @@ class Runtime:
         for entry in self.manifest.models:
             pm = planned[entry.name]
             rate = (rates or {}).get(entry.name, pm.rate)
-            self.models[entry.name] = ServedModel.load(self.rev_dir, entry, rate, preload[entry.name] | {pm.point})
+            self.models[entry.name] = ServedModel.load(self.rev_dir, entry, rate, preload[entry.name] | {pm.point},
+                                                       self.manifest.accelerator.startswith("edgetpu"))
         self.order = [e.name for e in self.manifest.models]
         self.points = {n: planned[n].point for n in self.order}
         self.cores = {n: planned[n].cores for n in self.order}

@@ -93,9 +93,10 @@ class ServedModel:
     misses: int = 0  # partitions loaded from disk at serving time (not preloaded)
 
     @classmethod
-    def load(cls, rev_dir: Path, entry: ModelEntry, rate: float, preload) -> ServedModel:
+    def load(cls, rev_dir: Path, entry: ModelEntry, rate: float, preload, edgetpu: bool = True) -> ServedModel:
+        """``edgetpu`` False: the device has no Edge TPU (no prefix is ever chosen)."""
         profile = Profile.from_json(json.loads((Path(rev_dir) / entry.profile).read_text()))
-        spec = model_spec(entry.name, rate, profile, f"{rev_dir / entry.profile}")
+        spec = model_spec(entry.name, rate, profile, f"{rev_dir / entry.profile}", edgetpu)
         m = cls(entry, Path(rev_dir), profile, spec, frozenset(preload))
         for p in m.preload:
             m.segment(p, "suffix", count=False)

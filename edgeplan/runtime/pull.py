@@ -219,7 +219,7 @@ def _share(store, dest: Path, manifest: Manifest, device_id: str | None, progres
     path = dest / blob_key(ref.sha256)
     retrying(f"fetch {ref.name}", lambda: store.download(blob_key(ref.sha256), path, sha256=ref.sha256,
                                                          progress=progress))
-    tables = split.tables_of(path.read_bytes(), manifest, split_dir)
+    tables = split.tables_of(path.read_bytes(), manifest, planner, split_dir)
     share = split.share_of(planner, split_dir, tables, device_id)
     if not share.ranks:
         devices = ", ".join(dict.fromkeys(r["device"] for r in tables["ranks"]))

@@ -1,12 +1,14 @@
-"""A multi-device split travelling in a bundle (``plans["spatial"]``: ADaPS tiles run as MPI ranks): which of its
-blobs a device fetches, and the check a device runs on its share before the revision becomes current.
+"""A multi-device split travelling in a bundle (``plans["spatial"]``: ADaPS tiles; ``plans["autodice"]``: AutoDiCE
+stages of consecutive layers; either run as MPI ranks): which of its blobs a device fetches, and the check a device
+runs on its share before the revision becomes current.
 
-A split's files are ``deployments/<name>/spatial/``: ``tables.json``, ``rankfile``, ``hostfile``, ``spatial.json``
-and one ``int8/s<k>.tflite`` per stage. ``tables.json`` is a signed blob (the manifest holds its sha256) and names
-the device of every rank; it is read and validated before anything else is fetched. A device holds the split's
-common files and the stages of its own ranks, never another rank's. The head (the device of rank 0, where frames
-enter and leave) also holds the rest of the revision (models, self-tests, plans); a device of another rank holds
-the split only. ``share.json`` in the revision directory records what this device holds.
+A split's files are ``deployments/<name>/<dir>/`` (``PLANNERS``): ``tables.json``, ``rankfile``, ``hostfile``, the
+planner's summary (``spatial.json``, ``split.json``) and one ``int8/s<k>.tflite`` per stage. ``tables.json`` is a
+signed blob (the manifest holds its sha256) and names the device of every rank; it is read and validated before
+anything else is fetched. A device holds the split's common files and the stages of its own ranks, never another
+rank's. The head (the device of rank 0, where frames enter and leave) also holds the rest of the revision (models,
+self-tests, plans); a device of another rank holds the split only. ``share.json`` in the revision directory records
+what this device holds.
 """
 from __future__ import annotations
 
@@ -18,9 +20,22 @@ import numpy as np
 
 from edgeplan.errors import BundleVerificationError
 
-PLANNERS = ("spatial",)  # planners whose plan is a split run as MPI ranks (their files beside the plan)
+
+@dataclass(frozen=True)
+class Kind:
+    """Where a planner's split lives in the revision: ``deployments/<name>/<dir>/``, beside its plan
+    ``deployments/<name>/plans/<planner>.json``; ``summary`` is its own file of the split, ``record`` the key of the
+    plan naming the split's tables by sha256."""
+
+    dir: str
+    summary: str
+    record: str
+
+
+# planners whose plan is a split run as MPI ranks (a deployment runs at most one)
+PLANNERS = {"spatial": Kind("spatial", "spatial.json", "tiles"), "autodice": Kind("multidevice", "split.json", "split")}
 SHARE_FILE = "share.json"
-COMMON = ("tables.json", "rankfile", "hostfile", "spatial.json")
+COMMON = ("tables.json", "rankfile", "hostfile")
 
 
 @dataclass(frozen=True)
@@ -45,13 +60,13 @@ class Share:
 
 def found(manifest) -> tuple[str, str] | None:
     """(planner, split directory) of the revision's split, None without one."""
-    for planner in PLANNERS:
+    for planner, kind in PLANNERS.items():
         if planner in manifest.plans:
-            return planner, f"deployments/{manifest.deployment}/{planner}"
+            return planner, f"deployments/{manifest.deployment}/{kind.dir}"
     return None
 
 
-def tables_of(raw: bytes, manifest, split_dir: str) -> dict:
+def tables_of(raw: bytes, manifest, planner: str, split_dir: str) -> dict:
     """The split's tables.json validated as untrusted input, every stage it names a blob of the revision with the
     stage's sha256 (a stage file the manifest does not list, or lists with other bytes, is refused)."""
     from edgeplan.distributed.rank import RankError, parse_tables
@@ -67,7 +82,7 @@ def tables_of(raw: bytes, manifest, split_dir: str) -> dict:
         if ref is None or ref.sha256 != s["int8_sha256"]:
             raise BundleVerificationError(f"{where}: stage {s['index']}'s {s['int8']} is not a blob of the revision "
                                           "with the sha256 the tables give; refused")
-    for name in COMMON:
+    for name in (*COMMON, PLANNERS[planner].summary):
         if f"{split_dir}/{name}" not in blobs:
             raise BundleVerificationError(f"{where}: the revision has no {split_dir}/{name}; refused")
     return tables

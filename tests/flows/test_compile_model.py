@@ -43,7 +43,7 @@ def ran_tasks(out: str) -> dict:
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip("│┃ ").split("│")]
         if len(cells) >= 3 and cells[0] in ("ingest", "build", "verify", "stream", "profile", "version", "plan", "publish",
-                                            "plan_spatial"):
+                                            "plan_spatial", "plan_autodice"):
             found[cells[0]] = cells[1]
     return found
 
@@ -269,7 +269,9 @@ def test_reprofile_fleet(workdir):
 
 def test_a_split_deployment_is_planned_and_published_with_its_tiles(tmp_path):
     """`split: spatial`: the model's profiles on both devices' classes measure conv speeds, plan_spatial cuts and
-    verifies the tiles, and the revision carries them; a rerun takes all of it from the cache."""
+    verifies the tiles, and the revision carries them; a rerun takes all of it from the cache. Then `split:
+    autodice`: plan_autodice explores and splits the model into layers, and the next revision carries that split
+    instead."""
     from edgeplan.pipeline import params as params_mod
 
     coral = params_mod.load(None)["fleet"]["device_classes"]["coral-usb-emulated"]
@@ -302,5 +304,25 @@ def test_a_split_deployment_is_planned_and_published_with_its_tiles(tmp_path):
         warm = edgeplan(tmp_path, "run", "zoo:spatial_chain", "--name", "chain", "--version", "1")
         assert warm.returncode == 0, warm.stderr[-3000:]
         assert set(ran_tasks(warm.stdout).values()) == {"cached"}, warm.stdout
+        # the same deployment split by AutoDiCE instead (the memory objective spreads it over both devices)
+        doc = yaml.safe_load((tmp_path / "params.yaml").read_text())
+        doc["deployments"][0]["split"] = "autodice"
+        doc["multidevice"] = {"objective": "memory", "population": 20, "generations": 10, "repeats": 3}
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(doc))
+        layered = edgeplan(tmp_path, "run", "zoo:spatial_chain", "--name", "chain", "--version", "1")
+        assert layered.returncode == 0, layered.stderr[-3000:]
+        ran = ran_tasks(layered.stdout)
+        assert ran["plan_autodice"] == "Completed" and "plan_spatial" not in ran, layered.stdout
+        assert "Layer splits (AutoDiCE)" in flat(layered.stdout), layered.stdout
+        plans = tmp_path / "artifacts" / "deployments" / "chain-split" / "plans"
+        assert not (plans / "spatial.json").exists() and (plans / "autodice.png").is_file()
+        manifest = json.loads((store / "2" / "manifest.json").read_text())
+        assert manifest["plans"]["autodice"] == "deployments/chain-split/plans/autodice.json"
+        assert "spatial" not in manifest["plans"]
+        tables = json.loads((tmp_path / "artifacts" / "deployments" / "chain-split" / "multidevice" / "tables.json").read_text())
+        names = {b["name"] for b in manifest["blobs"]}
+        assert len(tables["ranks"]) == 2 and {r["device"] for r in tables["ranks"]} == {"dev-a", "dev-b"}
+        assert {f"deployments/chain-split/multidevice/{s['int8']}" for s in tables["stages"]} <= names
+        assert not any(n.startswith("deployments/chain-split/spatial/") or "/float/" in n for n in names)
     finally:
         stop_server(tmp_path)

@@ -94,3 +94,18 @@ def test_missing_profile(root, tmp_path):
     one = [{**DUO[0], "models": [{"name": "tiny_cnn", "version": "1", "rate": 5.0}]}]
     with pytest.raises(ProfileError, match="run `edgeplan profile run"):
         plan_swapless(tmp_path, "duo", params_with(one))
+
+
+def test_a_class_without_an_edge_tpu_runs_every_model_on_the_cpu(root, tmp_path):
+    """CPU-only boards (a split's devices): no prefix is usable, every model at point 0, the cores shared."""
+    p = params_with([{**DUO[0], "device_class": "board"}])
+    coral = p["fleet"]["device_classes"]["coral-usb-emulated"]
+    p["fleet"]["device_classes"]["board"] = {**{k: v for k, v in coral.items() if k != "cpu_probe_ms"},
+                                             "accelerator": {"kind": "none"}}
+    for name in ("tiny_cnn", "light_squeezenet"):
+        shutil.copytree(root / name, tmp_path / name)
+        run.profile(tmp_path / name / "1", fleet.load(p).device_class("board"), SETTINGS)
+    plan, _ = plan_swapless(tmp_path, "duo", p)
+    assert [m.point for m in plan.models] == [0, 0]
+    assert all(m.cores >= 1 for m in plan.models) and sum(m.cores for m in plan.models) <= plan.cores
+    assert all("has no Edge TPU; the model runs wholly on the CPU" in " ".join(plan.notes) for _ in plan.models)

@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 
 from edgeplan.artifacts import write_json_atomic
-from edgeplan.errors import ArtifactError, PlanError, ProfileError
+from edgeplan.errors import PlanError, ProfileError
 
 PLAN_FILE = "plans/spatial.json"
 SCHEMA = 1
@@ -26,17 +26,12 @@ SCHEMA = 1
 
 def devices_of(params: dict, name: str, model_dir: Path):
     """(the registry's devices serving ``name`` as a multi-device platform, their ``cost.Device``s)."""
-    from edgeplan.plan.multidevice import spec
+    from edgeplan.pipeline.planning import registry_platform
     from edgeplan.plan.spatial.cost import Device
-    from edgeplan.profile import fleet as fleet_mod
     from edgeplan.profile.schema import Profile
 
-    fleet = fleet_mod.load(params, {d["name"] for d in params.get("deployments") or []})
-    ids = [x.id for x in fleet.devices if x.deployment == name]
-    if len(ids) < 2:
-        raise PlanError(f"deployment {name!r}: {len(ids)} device(s) of the fleet registry serve it "
-                        "(fleet.devices[].deployment); a spatial split needs at least 2")
-    platform = spec.from_fleet(fleet, ids)
+    fleet, platform = registry_platform(params, name, "a spatial split")
+    ids = [x.name for x in platform.devices]
     devices = []
     for dev_id in ids:
         cls = fleet.device_class(fleet.device(dev_id).device_class)
@@ -59,7 +54,7 @@ def devices_of(params: dict, name: str, model_dir: Path):
 def plan_spatial(root: Path, name: str, params: dict, threshold: float | None = None,
                  dims: tuple[str, ...] | None = None) -> tuple[dict, Path]:
     from edgeplan.graph.model import GraphView
-    from edgeplan.pipeline.planning import deployment, resolve_version
+    from edgeplan.pipeline.planning import keep_split, split_model
     from edgeplan.plan.spatial import blocks, search
     from edgeplan.plan.spatial.blocks import AXES
     from edgeplan.surgery import spatial as tiles
@@ -72,15 +67,7 @@ def plan_spatial(root: Path, name: str, params: dict, threshold: float | None = 
     bad = [x for x in dims if x not in AXES]
     if bad or not dims:
         raise PlanError(f"dimensions {','.join(dims) or '(none)'}: partition along H, W or H,W")
-    dep = deployment(params, name)
-    if len(dep["models"]) != 1:
-        raise PlanError(f"deployment {name!r} serves {len(dep['models'])} models; a spatial split runs one")
-    m = dep["models"][0]
-    version = resolve_version(root, m["name"], str(m.get("version", "latest")))
-    d = Path(root) / m["name"] / version
-    for f in ("model.onnx", "model_int8.tflite"):
-        if not (d / f).is_file():
-            raise ArtifactError(f"{d / f}: missing; run `edgeplan compile` first")
+    model, version, d = split_model(root, params, name, "a spatial split")
     platform, devices = devices_of(params, name, d)
     view = GraphView(onnx.load(str(d / "model.onnx"), load_external_data=False))
     searched, plans = {}, {}
@@ -96,7 +83,7 @@ def plan_spatial(root: Path, name: str, params: dict, threshold: float | None = 
                           axis=AXES[best] - 1, samples=int(settings["verify_samples"]),
                           seed=int(params["verify"]["seed"]))
     record = {
-        "schema_version": SCHEMA, "deployment": name, "model": m["name"], "version": version,
+        "schema_version": SCHEMA, "deployment": name, "model": model, "version": version,
         "model_int8_sha256": summary["model"]["int8_sha256"],
         "threshold": threshold, "axis": best, "score_s": plans[best].score,
         "devices": [{"id": x.name, "host": p.host, "s_per_mac": x.s_per_mac, "s_per_layer": x.s_per_layer,
@@ -109,4 +96,5 @@ def plan_spatial(root: Path, name: str, params: dict, threshold: float | None = 
     }
     out = out_dir / PLAN_FILE
     write_json_atomic(out, record)
+    keep_split(root, name, "spatial")
     return record, out

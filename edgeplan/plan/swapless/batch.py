@@ -99,11 +99,13 @@ class BatchScorer:
         # the last axis everywhere: numpy reduces over leading axes far faster than over a short trailing one
         on = points > 0
         base = s_tpu + io if refined else s_tpu  # the TPU's service without a reload
+        with np.errstate(invalid="ignore"):  # an unusable prefix (s_tpu inf) gives nan: never stable, never chosen
+            miss2 = (t_load + base) ** 2 - base**2
         self.fields = np.concatenate([np.stack([
             on * lam,  # RATE_ON: lambda_i when the model has a prefix
             base,
             base**2 + var_tpu,  # BASE2: its second moment
-            (t_load + base) ** 2 - base**2,  # MISS2: what a reload adds to the second moment
+            miss2,  # MISS2: what a reload adds to the second moment
             t_load,
             io + s_tpu,  # PREFIX: the prefix's latency before queueing and reloads (eq. (4))
             on * footprint,
@@ -158,7 +160,8 @@ class BatchScorer:
         tpu_cost = tpu_cost + lam * w_tpu  # sum over models of lambda_i times eq. (4)'s TPU part
 
         if self.refined:  # QNA: the TPU's departures, then the split to each model (1 off the TPU)
-            scv_service = es2 / np.maximum(es * es, 1e-300) - 1
+            with np.errstate(invalid="ignore"):  # inf / inf for an unusable prefix: that candidate is unstable
+                scv_service = es2 / np.maximum(es * es, 1e-300) - 1
             scv_dep = np.where(tpu_ok, rho**2 * scv_service + (1 - rho**2), 1.0)
             scv_in = np.maximum(1 + w * (scv_dep - 1), 1e-12)
             wait_cost = scv_in * wait_cost  # (k, n, m)

@@ -8,11 +8,19 @@ from edgeplan.plan.swapless.instance import ModelSpec
 from edgeplan.profile.schema import Profile
 
 
-def model_spec(name: str, rate: float, profile: Profile, where: str = "") -> ModelSpec:
+def model_spec(name: str, rate: float, profile: Profile, where: str = "", edgetpu: bool = True) -> ModelSpec:
+    """``edgetpu`` False: the class has no Edge TPU, so no prefix is usable (never chosen: every model runs wholly
+    on the CPU, point 0, and SwapLess still shares the cores between them)."""
     P = profile.last_point
     s_tpu, io, load, foot, s_cpu, tpu_samples, cpu_samples = [0.0], [0.0], [0.0], [0], [], [()], []
     for p in range(P + 1):
-        if p > 0:
+        if p > 0 and not edgetpu:
+            s_tpu.append(float("inf"))
+            io.append(0.0)
+            load.append(0.0)
+            foot.append(0)
+            tpu_samples.append(())
+        elif p > 0:
             pre = profile.segment(p, "prefix")
             if pre is None or pre.status != "ok" or pre.tpu is None:
                 raise ProfileError(f"{where or profile.model}: no TPU time for the prefix of point {p} "
