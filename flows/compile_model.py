@@ -46,9 +46,9 @@ def _compile(models: list[dict], root: str, params_file: str | None, store: str 
                                      for m, d in zip(models, dirs) for dc in classes])
     ledger.map(model_tasks.version, [(d, params) for d in dirs])  # DVC: each version's artifacts, pushed
     plans = dict(zip(served, ledger.map(dep_tasks.plan, [(root, d, params) for d in served])))
-    made = []
+    made, splits = [], split_deployments(params, served)
     for planner, make in (("spatial", dep_tasks.plan_spatial), ("autodice", dep_tasks.plan_autodice)):
-        names = [d for d, s in split_deployments(params, served).items() if s == planner]
+        names = [d for d, s in splits.items() if s == planner]
         made += ledger.map(make, [(root, d, params) for d in names]) if names else []
     published = dict(zip(served, ledger.map(dep_tasks.publish, [(root, d, params, store, key) for d in served])))
     name = models[0]["name"] if len(models) == 1 else ", ".join(m["name"] for m in models)

@@ -91,13 +91,11 @@ SPATIAL_CODE = ("plan/spatial", "surgery/spatial.py", "distributed/rows.py", "qu
 def _spatial_inputs(p: dict):
     from edgeplan.pipeline.planning import split_classes
 
-    dep = next(d for d in p["params"]["deployments"] if d["name"] == p["name"])
-    root = Path(p["root"])
+    classes = split_classes(p["params"], [p["name"]]).get(p["name"], [])
     files = []
-    for m in dep["models"]:
-        d = root / m["name"] / str(m["version"])
-        files += [d / "model.onnx", d / "model_int8.tflite"] + [
-            d / "profiles" / f"{c}.json" for c in split_classes(p["params"], [p["name"]]).get(p["name"], [])]
+    for m in _models(p):
+        d = Path(p["root"]) / m["name"] / str(m["version"])
+        files += [d / "model.onnx", d / "model_int8.tflite"] + [d / "profiles" / f"{c}.json" for c in classes]
     return files
 
 

@@ -367,6 +367,11 @@ def _fault(spec: str | None, rank: int, frame: int) -> None:
         raise RankError(f"fault injected (--fault {spec})")
 
 
+def _on_this_host(template: str) -> Path:
+    """A path template of the ranks' options with ``{hostname}`` replaced by this host's name."""
+    return Path(template.replace("{hostname}", socket.gethostname()))
+
+
 def _differ(got: np.ndarray, path: str) -> list[int]:
     """The frames whose output is not exactly the expected one (shape and values)."""
     want = np.load(path, allow_pickle=False)
@@ -382,7 +387,7 @@ def _roll_back(me: Rank, split_dir: Path, template: str) -> dict | None:
     device = me.tables["ranks"][me.rank]["device"]
     if min(r["rank"] for r in me.tables["ranks"] if r["device"] == device) != me.rank:
         return None
-    dest = Path(template.replace("{hostname}", socket.gethostname()))
+    dest = _on_this_host(template)
     done = {"device": device, "dest": str(dest)}
     if (dest / "current").resolve() not in split_dir.resolve().parents:
         return {**done, "error": "the revision run is not the active one there; left as it is"}
@@ -415,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
                    "replaced); when an output differs, every device rolls back there to its previous revision")
     p.add_argument("--fault", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    split_dir = Path(args.rank_dir.replace("{hostname}", socket.gethostname()) if args.rank_dir else args.split_dir)
+    split_dir = _on_this_host(args.rank_dir) if args.rank_dir else Path(args.split_dir)
     comm = MPI.COMM_WORLD
     comm.Set_errhandler(MPI.ERRORS_RETURN)  # a lost peer raises here (and is named), not aborts inside MPI
     me: Rank | None = None

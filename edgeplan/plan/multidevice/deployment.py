@@ -19,10 +19,11 @@ from pathlib import Path
 
 from edgeplan.artifacts import write_json_atomic
 from edgeplan.errors import PlanError
+from edgeplan.runtime.split import PLANNERS
 
 PLAN_FILE = "plans/autodice.json"
 PLOT_FILE = "plans/autodice.png"
-SPLIT_DIR = "multidevice"
+SPLIT_DIR = PLANNERS["autodice"].dir  # where pull looks for it
 SCHEMA = 1
 OBJECTIVES = {"throughput": lambda p: (p.period_s, p.memory_bytes), "memory": lambda p: (p.memory_bytes, p.period_s),
               "energy": lambda p: (p.energy_j, p.period_s)}

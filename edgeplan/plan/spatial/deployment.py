@@ -19,8 +19,10 @@ import onnx
 
 from edgeplan.artifacts import write_json_atomic
 from edgeplan.errors import PlanError, ProfileError
+from edgeplan.runtime.split import PLANNERS
 
 PLAN_FILE = "plans/spatial.json"
+SPLIT_DIR = PLANNERS["spatial"].dir  # where pull looks for it
 SCHEMA = 1
 
 
@@ -79,7 +81,7 @@ def plan_spatial(root: Path, name: str, params: dict, threshold: float | None = 
                          "region_end": region.output, "why_it_ends": region.reason, **asdict(plan.counters)}
     best = min(dims, key=lambda k: plans[k].score)
     out_dir = Path(root) / "deployments" / name
-    summary = tiles.split(d, list(plans[best].partitions), list(platform.devices), out_dir / "spatial",
+    summary = tiles.split(d, list(plans[best].partitions), list(platform.devices), out_dir / SPLIT_DIR,
                           axis=AXES[best] - 1, samples=int(settings["verify_samples"]),
                           seed=int(params["verify"]["seed"]))
     record = {
@@ -90,8 +92,8 @@ def plan_spatial(root: Path, name: str, params: dict, threshold: float | None = 
                      "bytes_per_s": x.bytes_per_s, "cpu_quota": p.cpu_quota} for x, p in zip(devices, platform.devices)],
         "searched": searched,
         "partitions": [[list(iv) for iv in p] for p in plans[best].partitions],
-        "tiles": {"dir": "spatial", "tables_sha256": hashlib.sha256(
-            (out_dir / "spatial" / "tables.json").read_bytes()).hexdigest(), "stages": summary["stages"],
+        "tiles": {"dir": SPLIT_DIR, "tables_sha256": hashlib.sha256(
+            (out_dir / SPLIT_DIR / "tables.json").read_bytes()).hexdigest(), "stages": summary["stages"],
                   "bytes_per_frame": summary["bytes"], "identical": summary["verify"]},
     }
     out = out_dir / PLAN_FILE
