@@ -63,8 +63,11 @@ def mpirun() -> str:
     return found
 
 
+RANK = ("-m", "edgeplan.distributed.rank")  # what each rank runs under ``python -m mpi4py``
+
+
 def command(split_dir: Path, *, frames: int, deadline_s: float = 30.0, extra: list[str] = (),
-            python: str | None = None, mpi_args: list[str] = ()) -> list[str]:
+            python: str | None = None, mpi_args: list[str] = (), program: tuple[str, ...] = RANK) -> list[str]:
     split_dir = Path(split_dir).resolve()
     for f in ("tables.json", "rankfile", "hostfile"):
         if not (split_dir / f).is_file():
@@ -86,7 +89,7 @@ def command(split_dir: Path, *, frames: int, deadline_s: float = 30.0, extra: li
         "--prtemca", "oob_tcp_keepalive_time", "2", "--prtemca", "oob_tcp_keepalive_intvl", "1",
         "--prtemca", "oob_tcp_keepalive_probes", "3",
         *mpi_args,
-        python or sys.executable, "-m", "mpi4py", "-m", "edgeplan.distributed.rank", str(split_dir),
+        python or sys.executable, "-m", "mpi4py", *program, str(split_dir),
         "--frames", str(frames), "--deadline", str(deadline_s), *extra,
     ]
 
@@ -157,13 +160,15 @@ def _kill_new_descendants(before: set[int]) -> list[int]:
 
 
 def run(split_dir: Path, *, frames: int, timeout_s: float, deadline_s: float = 30.0, extra: list[str] = (),
-        mpi_args: list[str] = (), python: str | None = None) -> Result:
+        mpi_args: list[str] = (), python: str | None = None, program: tuple[str, ...] = RANK) -> Result:
     """Run the split's ranks for ``frames`` frames; raises DistributedError naming what failed. A launch that
-    fails in mpirun's own start-up (no rank ran) is retried up to STARTUP_RETRIES times."""
+    fails in mpirun's own start-up (no rank ran) is retried up to STARTUP_RETRIES times. ``program``: what
+    each rank runs (another rank of the same protocol, e.g. the bench's float ranks)."""
     for attempt in range(STARTUP_RETRIES + 1):
         try:
             return replace(_run_once(split_dir, frames=frames, timeout_s=timeout_s, deadline_s=deadline_s,
-                                     extra=extra, mpi_args=mpi_args, python=python), startup_retries=attempt)
+                                     extra=extra, mpi_args=mpi_args, python=python, program=program),
+                           startup_retries=attempt)
         except _StartupFailed as e:
             if attempt == STARTUP_RETRIES:
                 raise DistributedError(f"{e} (after {attempt + 1} launches)") from None
@@ -172,9 +177,9 @@ def run(split_dir: Path, *, frames: int, timeout_s: float, deadline_s: float = 3
 
 
 def _run_once(split_dir: Path, *, frames: int, timeout_s: float, deadline_s: float, extra, mpi_args,
-              python: str | None) -> Result:
+              python: str | None, program: tuple[str, ...]) -> Result:
     cmd = command(split_dir, frames=frames, deadline_s=deadline_s, extra=list(extra), mpi_args=list(mpi_args),
-                  python=python)
+                  python=python, program=program)
     _subreaper()
     before = {pid for pid, ppid in _children().items() if ppid == os.getpid()}
     t0 = time.perf_counter()

@@ -4,15 +4,16 @@ mpi4py only (the ``mpi`` extra).
     mpirun ... python -m mpi4py -m edgeplan.distributed.rank SPLIT_DIR --frames 100
 
 Each rank loads its stages (``tables.json``: files under ``int8/``, sha256 checked; tensor names, shapes and
-dtypes checked against the interpreters) into LiteRT with one thread per slot, and all ranks compare the
-sha256 of ``tables.json`` first: a rank on another revision stops the job before any frame. Per frame a rank
-posts an Irecv for every buffer it receives, runs its stages in order as their inputs arrive and Isends what
-others read; a frame's sends may still be in flight while the next frame runs (frames pipeline across ranks,
-at most ``--window`` frames of sends outstanding). Waiting is Test + sleep with a deadline per buffer (a spinning
-Waitall starves a neighbour on a shared core). Rank 0, the head, feeds the frames (``--inputs`` .npy, else
-seeded random int8) and collects the output; it prints one ``EDGEPLAN-MPI-SUMMARY {json}`` line with every
-rank's times. Any failure prints one ``EDGEPLAN-RANK-ERROR {json}`` line naming rank, host, stage and frame,
-then aborts the job.
+dtypes checked against the interpreters) into LiteRT with one thread per slot, and all ranks compare the sha256 of
+``tables.json`` first: a rank on another revision stops the job before any frame. A rank posts an Irecv for every
+buffer it receives one frame ahead (``--ahead``: the data of frame f + 1 moves while frame f runs), runs its
+stages in order as their inputs arrive and Isends what others read; a frame's sends may still be in flight while
+the next frame runs (frames pipeline across ranks, at most ``--window`` frames in flight: a window smaller than
+the chain of ranks leaves ranks idle, measured 22 vs 29 frames/s over 8 ranks). Waiting is Test + sleep with a
+deadline per buffer (a spinning Waitall starves a neighbour on a shared core). Rank 0, the head, feeds the frames
+(``--inputs`` .npy, else seeded random int8) and collects the output; it prints one ``EDGEPLAN-MPI-SUMMARY
+{json}`` line with every rank's times. Any failure prints one ``EDGEPLAN-RANK-ERROR {json}`` line naming rank,
+host, stage and frame, then aborts the job.
 """
 from __future__ import annotations
 
@@ -159,18 +160,18 @@ class Stage:
 # ------------------------------------------------------------------------------------------------ running
 class Rank:
     def __init__(self, comm, d: Path, deadline_s: float, sleep_s: float = 5e-5, max_sleep_s: float = 1e-3,
-                 fault: str | None = None, builtin: bool = False):
+                 fault: str | None = None, builtin: bool = False, ahead: int = 1, progress_s: float = 2e-3):
         from concurrent.futures import ThreadPoolExecutor
 
         self.comm, self.d, self.fault = comm, d, fault
         self.max_sleep_s = max_sleep_s
-        self.progress_s = 5e-4
+        self.progress_s = progress_s
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="invoke")
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.host = socket.gethostname()
         self.deadline_s, self.sleep_s = deadline_s, sleep_s
         self.where = {"stage": None, "frame": None}
-        self.tables, self.revision = load_tables(d, self.size)
+        self.tables, self.revision = self.load_tables(d)
         revisions = comm.allgather(self.revision)
         if len(set(revisions)) > 1:
             others = [r for r, v in enumerate(revisions) if v != self.revision]
@@ -178,7 +179,7 @@ class Rank:
                             f"{revisions[others[0]][:12]} vs {self.revision[:12]} here): refusing mixed revisions")
         me = self.tables["ranks"][self.rank]
         self.base_rss_bytes = _rss()  # the process before any model: interpreter, numpy, LiteRT, Open MPI
-        self.stages = [Stage(d, s, max(1, len(me["slots"])), self.tables, builtin)
+        self.stages = [self.stage(s, max(1, len(me["slots"])), builtin)
                        for s in self.tables["stages"] if s["rank"] == self.rank]
         self.recv = {n: b for n, b in self.tables["buffers"].items() if self.rank in b["receivers"]}
         self.sends_of: dict[str, list[dict]] = {}  # tensor -> the buffers this rank sends of it (whole or rows)
@@ -186,15 +187,25 @@ class Rank:
             if b["sender"] == self.rank:
                 self.sends_of.setdefault(b.get("tensor", n), []).append(b)
         self.axis = self.tables.get("axis")  # a spatial split: tensors travel as row bands along this axis
-        self.busy_s = self.wait_s = 0.0
+        self.busy_s = self.wait_s = self.invoke_cpu_s = 0.0
+        self.ahead = ahead
+        self.posted: dict[int, dict] = {}  # frame -> its receives posted: name -> (request, buffer, sender)
         self.sent_bytes = 0
+
+    def load_tables(self, d: Path) -> tuple[dict, str]:
+        """The split's tables and the revision every rank must share (a float rank, bench side, reads them as
+        float tensors)."""
+        return load_tables(d, self.size)
+
+    def stage(self, s: dict, threads: int, builtin: bool) -> Stage:
+        return Stage(self.d, s, threads, self.tables, builtin)
 
     def _run(self, st: Stage, live: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Invoke on the worker thread (LiteRT releases the GIL) while this thread drives MPI's progress: with no
         MPI call during a stage, a large message in flight (rendezvous over TCP) would not move until it ends."""
         for name, ix in st.inputs.items():
             st.it.set_tensor(ix, live[name])
-        job = self.worker.submit(st.it.invoke)
+        job = self.worker.submit(self._invoke, st.it)
         while True:
             try:
                 job.result(timeout=self.progress_s)
@@ -202,6 +213,11 @@ class Rank:
             except TimeoutError:
                 self.comm.Iprobe()
         return {name: st.it.get_tensor(ix).copy() for name, ix in st.outputs.items()}
+
+    def _invoke(self, it) -> None:
+        c0 = time.thread_time()
+        it.invoke()
+        self.invoke_cpu_s += time.thread_time() - c0
 
     def _wait(self, req, what: str) -> None:
         """Test + sleep until ``req`` completes or the deadline passes (a process failure raises from ``Test``
@@ -216,14 +232,27 @@ class Rank:
             nap = min(nap * 2, self.max_sleep_s)  # back off: polling burns a quota-limited host's CPU
         self.wait_s += time.perf_counter() - t0
 
-    def frame(self, f: int, x: np.ndarray | None, pending: list) -> np.ndarray | None:
+    def _post(self, f: int) -> None:
+        """Post the receives of frame ``f`` once: a frame's are posted while the frames before it still run, so a
+        sender's data (a rendezvous over TCP, beyond the eager limit) moves during this rank's stages instead of
+        after them."""
         from mpi4py import MPI
 
-        self.where["frame"] = f
+        if f in self.posted:
+            return
         reqs = {}
         for name, b in self.recv.items():
             buf = _array(b)
             reqs[name] = (self.comm.Irecv([buf, MPI.BYTE], source=b["sender"], tag=b["tag"]), buf, b["sender"])
+        self.posted[f] = reqs
+
+    def frame(self, f: int, x: np.ndarray | None, pending: list, frames: int) -> np.ndarray | None:
+        from mpi4py import MPI
+
+        self.where["frame"] = f
+        for g in range(f, min(f + 1 + self.ahead, frames)):
+            self._post(g)
+        reqs = self.posted.pop(f)
         live: dict[str, np.ndarray] = {}
         rows = Rows(self.axis) if self.axis else None
 
@@ -398,7 +427,8 @@ def _roll_back(me: Rank, split_dir: Path, template: str) -> dict | None:
     return {**done, "from": was.revision, "to": now.revision}
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, rank_type: type[Rank] = Rank) -> int:
+    """A rank's life; ``rank_type`` runs the stages (bench/float_rank.py runs the float sub-models)."""
     from mpi4py import MPI
 
     p = argparse.ArgumentParser(prog="edgeplan.distributed.rank", description=__doc__,
@@ -409,7 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="head: write the outputs here (.npy)")
     p.add_argument("--deadline", type=float, default=30.0, help="seconds a rank waits for one buffer (default 30)")
-    p.add_argument("--window", type=int, default=4, help="frames of sends in flight per rank (default 4)")
+    p.add_argument("--window", type=int, help="frames in flight: the head feeds frame f once frame f - WINDOW came out, "
+                   "and a rank's sends of a frame WINDOW back must be done (default: twice the ranks, at least 4; "
+                   "fewer than the ranks of a chain leaves ranks idle)")
     p.add_argument("--rank-dir", help="where this host keeps the split when not at SPLIT_DIR; {hostname} is replaced "
                    "by the host's name (emulated hosts sharing one filesystem, each with its own pulled revision)")
     p.add_argument("--builtin-kernels", action="store_true", help="LiteRT's builtin kernels instead of XNNPACK (the "
@@ -418,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
                    "verdict goes to every rank")
     p.add_argument("--rollback-dest", help="with --expected: where this host pulled the revision ({hostname} is "
                    "replaced); when an output differs, every device rolls back there to its previous revision")
+    p.add_argument("--ahead", type=int, default=1, help="frames ahead whose receives are posted (default 1): their "
+                   "data moves while this rank still runs the frame before")
     p.add_argument("--fault", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     split_dir = _on_this_host(args.rank_dir) if args.rank_dir else Path(args.split_dir)
@@ -425,26 +459,27 @@ def main(argv: list[str] | None = None) -> int:
     comm.Set_errhandler(MPI.ERRORS_RETURN)  # a lost peer raises here (and is named), not aborts inside MPI
     me: Rank | None = None
     try:
-        me = Rank(comm, split_dir, args.deadline, fault=args.fault, builtin=args.builtin_kernels)
+        me = rank_type(comm, split_dir, args.deadline, fault=args.fault, builtin=args.builtin_kernels, ahead=args.ahead)
         head = me.rank == me.tables["head"]
         xs = _inputs(me.tables, args.inputs, args.frames, args.seed) if head else None
         frames = args.frames
+        window = max(4, 2 * me.size) if args.window is None else args.window
         comm.Barrier()
         t0 = time.perf_counter()
         c0 = time.process_time()
         outs, pending, done = [], [], []
         for f in range(frames):
-            y = me.frame(f, xs[f % len(xs)] if head else None, pending)
+            y = me.frame(f, xs[f % len(xs)] if head else None, pending, frames)
             if head:
                 outs.append(y)
-                me.collect(outs, f - args.window, done, t0)
-            me.drain(pending, f - args.window)
+                me.collect(outs, f - window, done, t0)
+            me.drain(pending, f - window)
         if head:
             me.collect(outs, frames, done, t0)
         me.drain(pending, frames)
         wall = time.perf_counter() - t0
         stats = {"rank": me.rank, "host": me.host, "wall_s": wall, "busy_s": me.busy_s, "wait_s": me.wait_s,
-                 "cpu_s": time.process_time() - c0, "stages": [s.index for s in me.stages],
+                 "cpu_s": time.process_time() - c0, "invoke_cpu_s": me.invoke_cpu_s, "stages": [s.index for s in me.stages],
                  "peak_rss_bytes": _peak_rss(), "base_rss_bytes": me.base_rss_bytes, "sent_bytes": me.sent_bytes}
         if args.expected:  # a self-test: the head's verdict to every rank, each device rolling back on a failure
             differ = _differ(np.stack([buf for buf, _ in outs]), args.expected) if head else None

@@ -273,7 +273,7 @@ def cmd_mpi_run(args) -> int:
     from edgeplan.distributed import launch
     from edgeplan.runtime import split
 
-    split_dir, extra = Path(args.dir), ["--window", str(args.window)]
+    split_dir, extra = Path(args.dir), ["--window", str(args.window)] if args.window is not None else []
     dests = None  # where every host pulled, for a self-test's rollback
     if (split_dir / "current").is_symlink():  # a pull destination: the active revision's split, this the head
         dests = str(Path(args.rank_dest or split_dir).absolute())
@@ -439,7 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
     mp.add_argument("--summary", help="write every rank's times here (JSON)")
     mp.add_argument("--timeout", type=float, default=300.0, help="hard deadline for the whole job, s (default 300)")
     mp.add_argument("--deadline", type=float, default=30.0, help="how long a rank waits for one buffer, s (default 30)")
-    mp.add_argument("--window", type=int, default=4, help="frames of sends in flight per rank (default 4)")
+    mp.add_argument("--window", type=int, help="frames in flight (default: twice the ranks, at least 4; fewer than the "
+                    "ranks of the chain leaves ranks idle)")
     mp.add_argument("--emulated", metavar="DEPLOYMENT", help="run on the emulated hosts `edgeplan devices up` made "
                     "for DEPLOYMENT (daemons started inside each host; MPI traffic on their subnet)")
     mp.set_defaults(func=cmd_mpi_run)

@@ -53,6 +53,33 @@ def test_ranks_give_the_int8_models_outputs(split, tmp_path, ranks_left):
     assert not ranks_left()
 
 
+def test_the_benchs_float_ranks_give_the_float_models_outputs(split, tmp_path, ranks_left):
+    """bench/float_rank.py: the same rank loop over the float sub-models (9 stages on 3 ranks, each waiting
+    between its stages; the default window and receives posted a frame ahead) equals the whole float model."""
+    import sys
+    from pathlib import Path
+
+    import onnx
+    import onnxruntime as ort
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    sys.path.insert(0, str(bench))
+    from float_rank import level
+
+    d, out = split
+    xs = np.random.default_rng(2).normal(size=(6, 1, 3, 32, 32)).astype(np.float32)
+    np.save(tmp_path / "xf.npy", xs)
+    launch.run(out, frames=6, timeout_s=120, program=(str(bench / "float_rank.py"),),
+               extra=["--inputs", str(tmp_path / "xf.npy"), "--out", str(tmp_path / "yf.npy")])
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = level()
+    opts.intra_op_num_threads = 1  # (2 threads round the whole model differently: 1.4e-6 here)
+    whole = ort.InferenceSession(onnx.load(str(d / "model.onnx")).SerializeToString(), opts)
+    want = np.stack([whole.run(None, {whole.get_inputs()[0].name: x})[0] for x in xs])
+    assert np.array_equal(np.load(tmp_path / "yf.npy").reshape(want.shape), want)
+    assert not ranks_left()
+
+
 @pytest.mark.parametrize("fault,says", [
     ("1:3:raise", r"^rank 1 on \S+ \(stage \d+, frame 3\): fault injected"),
     ("2:5:kill", r"^rank 2 on localhost failed \(killed, exited or cut off\): rank [01] on \S+ \(.*frame 5\) lost it"),
