@@ -17,7 +17,9 @@ machine's 2 cores, so the devices do not contend; the rest runs mpirun and the h
 Keys (ratios and errors are fractions):
 - int8_identical: the smallest fraction of frames whose MPI output equals the whole int8 model's.
 - throughput_mape: over every measured point of every model, |measured - predicted| / measured; throughput
-  measured at steady state (frames after the pipeline filled, from the head's completion times).
+  measured at steady state: frames after the first (one per rank, the pipeline filling) over the times the rank
+  sending the output finished its part of each (the head's own completion times bunch: it sees outputs only
+  between its stages).
 - throughput_speedup: 2 devices x 1 core (quota 1.0 each) vs the whole model on 1 of them, the smaller of
   VGG-19 and ResNet-101; each rank's CPU share (CPU s / wall s of its busy time) recorded.
 - memory_ratio: max peak RSS over the ranks of the min-memory point / the single device's peak RSS (VmHWM of
@@ -47,7 +49,6 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-
 from _common import compiled, int8_frames, machine, publish, pyplot  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,12 +65,6 @@ def platform_text(n: int, quota: float, slots: str = "0") -> str:
     return "".join(f"dev{i}, cpu, slots={slots}, net={NET:g}, power=2/6, quota={quota:g}\n" for i in range(n))
 
 
-def steady_fps(summary: dict, skip: int) -> float:
-    done = summary["frame_done_s"]
-    skip = min(skip, len(done) - 2)
-    return (len(done) - 1 - skip) / (done[-1] - done[skip])
-
-
 def run_point(prep: dict, mapping: dict, plat, out: Path, frames: int, xs: np.ndarray, want: np.ndarray,
               emulated: str) -> dict:
     from edgeplan.distributed import emulate, launch
@@ -83,7 +78,7 @@ def run_point(prep: dict, mapping: dict, plat, out: Path, frames: int, xs: np.nd
                    extra=["--inputs", str(out / "x.npy"), "--out", str(out / "y.npy")])
     got = np.load(out / "y.npy")
     ranks = r.summary["ranks"]
-    return {"ranks": len(ranks), "fps": steady_fps(r.summary, len(ranks)),
+    return {"ranks": len(ranks), "fps": r.summary["steady_fps"],
             "identical": float(np.mean([np.array_equal(a, b) for a, b in zip(got, want[:frames])])),
             "peak_rss_bytes": [k["peak_rss_bytes"] for k in ranks],
             "base_rss_bytes": [k["base_rss_bytes"] for k in ranks],
@@ -96,9 +91,9 @@ def float_ranks(prep: dict, split: Path, emulated: str) -> dict:
     onnxruntime on the whole float model at the same optimization level."""
     import onnx
     import onnxruntime as ort
+    from float_rank import level
 
     from edgeplan.distributed import emulate, launch
-    from float_rank import level
 
     xs = prep["float_inputs"][:, None]  # frames of one image each
     np.save(split / "xf.npy", xs)

@@ -317,11 +317,14 @@ class Rank:
         return result
 
     def collect(self, outs: list, upto: int, done: list, t0: float) -> None:
-        """Wait for the head's outputs of every frame up to ``upto`` (its completion time recorded)."""
+        """Wait for the head's outputs of every frame up to ``upto``, and take those already in without waiting
+        (each one's completion time recorded when the head sees it)."""
         src = self.tables["output"].get("rank", self.rank)
-        while len(done) < min(upto + 1, len(outs)):
+        while len(done) < len(outs):
             f = len(done)
             buf, req = outs[f]
+            if f > upto and req is not None and not req.Test():
+                break
             if req is not None:
                 self.where["frame"] = f
                 self._wait(req, f"the output of frame {f} from rank {src}")
@@ -396,6 +399,16 @@ def _fault(spec: str | None, rank: int, frame: int) -> None:
         raise RankError(f"fault injected (--fault {spec})")
 
 
+def steady_fps(ended: list[float], skip: int) -> float | None:
+    """Frames per second after the first ``skip`` (the pipeline filling), from the times a rank finished its part
+    of each frame (at least one interval is kept); None for a single frame. The rank that sends the output
+    measures the pipeline's exit: the head sees outputs only between its own stages."""
+    skip = min(skip, len(ended) - 2)
+    if skip < 0 or ended[-1] <= ended[skip]:
+        return None
+    return (len(ended) - 1 - skip) / (ended[-1] - ended[skip])
+
+
 def _on_this_host(template: str) -> Path:
     """A path template of the ranks' options with ``{hostname}`` replaced by this host's name."""
     return Path(template.replace("{hostname}", socket.gethostname()))
@@ -467,9 +480,10 @@ def main(argv: list[str] | None = None, rank_type: type[Rank] = Rank) -> int:
         comm.Barrier()
         t0 = time.perf_counter()
         c0 = time.process_time()
-        outs, pending, done = [], [], []
+        outs, pending, done, ended = [], [], [], []
         for f in range(frames):
             y = me.frame(f, xs[f % len(xs)] if head else None, pending, frames)
+            ended.append(time.perf_counter() - t0)
             if head:
                 outs.append(y)
                 me.collect(outs, f - window, done, t0)
@@ -480,7 +494,8 @@ def main(argv: list[str] | None = None, rank_type: type[Rank] = Rank) -> int:
         wall = time.perf_counter() - t0
         stats = {"rank": me.rank, "host": me.host, "wall_s": wall, "busy_s": me.busy_s, "wait_s": me.wait_s,
                  "cpu_s": time.process_time() - c0, "invoke_cpu_s": me.invoke_cpu_s, "stages": [s.index for s in me.stages],
-                 "peak_rss_bytes": _peak_rss(), "base_rss_bytes": me.base_rss_bytes, "sent_bytes": me.sent_bytes}
+                 "peak_rss_bytes": _peak_rss(), "base_rss_bytes": me.base_rss_bytes, "sent_bytes": me.sent_bytes,
+                 "steady_fps": steady_fps(ended, skip=me.size)}
         if args.expected:  # a self-test: the head's verdict to every rank, each device rolling back on a failure
             differ = _differ(np.stack([buf for buf, _ in outs]), args.expected) if head else None
             differ = comm.bcast(differ, root=me.tables["head"])
@@ -491,8 +506,9 @@ def main(argv: list[str] | None = None, rank_type: type[Rank] = Rank) -> int:
         if head:
             if args.out:
                 np.save(args.out, np.stack([buf for buf, _ in outs]))
+            out_rank = me.tables["output"].get("rank", me.rank)
             summary = {"frames": frames, "wall_s": wall, "fps": frames / wall if wall else None, "frame_done_s": done,
-                       "revision": me.revision, "ranks": every}
+                       "steady_fps": every[out_rank]["steady_fps"], "revision": me.revision, "ranks": every}
             print(f"{SUMMARY} {json.dumps(summary)}", flush=True)
         return 0
     except Exception as e:  # noqa: BLE001 - every failure is reported in one line, then the job is aborted

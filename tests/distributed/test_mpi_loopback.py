@@ -80,6 +80,16 @@ def test_the_benchs_float_ranks_give_the_float_models_outputs(split, tmp_path, r
     assert not ranks_left()
 
 
+def test_steady_throughput_skips_the_pipeline_filling():
+    from edgeplan.distributed.rank import steady_fps
+
+    ended = [1.0, 2.0, 2.5, 3.0, 3.5]  # two frames filling, then one every 0.5 s
+    assert steady_fps(ended, skip=2) == 2.0
+    assert steady_fps(ended, skip=9) == 2.0  # at least one interval is kept
+    assert steady_fps([1.0, 2.0], skip=3) == 1.0
+    assert steady_fps([1.0], skip=0) is None
+
+
 @pytest.mark.parametrize("fault,says", [
     ("1:3:raise", r"^rank 1 on \S+ \(stage \d+, frame 3\): fault injected"),
     ("2:5:kill", r"^rank 2 on localhost failed \(killed, exited or cut off\): rank [01] on \S+ \(.*frame 5\) lost it"),
