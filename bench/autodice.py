@@ -89,9 +89,7 @@ def run_point(prep: dict, mapping: dict, plat, out: Path, frames: int, xs: np.nd
 def float_ranks(prep: dict, split: Path, emulated: str) -> dict:
     """The split's float sub-models as MPI ranks (bench/float_rank.py, onnxruntime) on the emulated hosts, against
     onnxruntime on the whole float model at the same optimization level."""
-    import onnx
-    import onnxruntime as ort
-    from float_rank import level
+    from float_rank import level, whole_model
 
     from edgeplan.distributed import emulate, launch
 
@@ -100,12 +98,7 @@ def float_ranks(prep: dict, split: Path, emulated: str) -> dict:
     r = launch.run(split, frames=len(xs), timeout_s=900, deadline_s=300, mpi_args=emulate.mpi_args(emulated),
                    program=(str(Path(__file__).resolve().parent / "float_rank.py"),),
                    extra=["--inputs", str(split / "xf.npy"), "--out", str(split / "yf.npy")])
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = level()
-    opts.intra_op_num_threads = 1  # as each rank (1 slot); 2 threads round differently
-    whole = ort.InferenceSession(onnx.load(str(prep["dir"] / "model.onnx")).SerializeToString(), opts,
-                                 providers=["CPUExecutionProvider"])
-    want = np.stack([whole.run(None, {whole.get_inputs()[0].name: x})[0] for x in xs])
+    want = whole_model(prep["dir"] / "model.onnx", xs)
     got = np.load(split / "yf.npy")
     return {"max_abs_diff": float(np.max(np.abs(got.reshape(want.shape) - want))), "frames": len(xs),
             "ranks": len(r.summary["ranks"]), "ort_level": str(level()).rsplit(".", 1)[-1], "mpirun_s": r.seconds}

@@ -19,6 +19,8 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edgeplan.distributed import rank
@@ -30,20 +32,34 @@ def level():
     return ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
 
 
-def _shape(dims) -> list[int]:
-    return [d if isinstance(d, int) and d > 0 else 1 for d in dims]  # a symbolic batch is one frame
+def session(model: Path, threads: int = 1):
+    """An onnxruntime session at LEVEL on ``threads`` intra-op threads (``model``: a file; its external weights
+    are read beside it)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.graph_optimization_level = level()
+    return ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+
+
+def whole_model(path: Path, xs) -> np.ndarray:
+    """The reference the float ranks are compared with: the whole float model at LEVEL on 1 thread (a rank of one
+    slot's), each frame of ``xs`` alone."""
+    sess = session(path)
+    return np.stack([sess.run(None, {sess.get_inputs()[0].name: x})[0] for x in xs])
+
+
+def _shape(value_info) -> list[int]:
+    return [d.dim_value or 1 for d in value_info.type.tensor_type.shape.dim]  # a symbolic batch is one frame
 
 
 class _Session:
     """onnxruntime behind the three calls a rank makes of a LiteRT interpreter."""
 
     def __init__(self, path: Path, threads: int):
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.graph_optimization_level = level()
-        self.sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        self.sess = session(path, threads)
+        self.names = [o.name for o in self.sess.get_outputs()]
         self.given: dict[str, object] = {}
         self.got: dict[str, object] = {}
 
@@ -51,8 +67,7 @@ class _Session:
         self.given[name] = value
 
     def invoke(self) -> None:
-        names = [o.name for o in self.sess.get_outputs()]
-        self.got = dict(zip(names, self.sess.run(None, self.given)))
+        self.got = dict(zip(self.names, self.sess.run(None, self.given)))
 
     def get_tensor(self, name: str):
         return self.got[name]
@@ -63,7 +78,7 @@ class FloatStage:
         self.index, self.tile = s["index"], None
         self.it = _Session(d / s["float"], threads)
         self.inputs = {x.name: x.name for x in self.it.sess.get_inputs()}
-        self.outputs = {x.name: x.name for x in self.it.sess.get_outputs()}
+        self.outputs = {name: name for name in self.it.names}
 
 
 class FloatRank(rank.Rank):
@@ -76,13 +91,14 @@ class FloatRank(rank.Rank):
 
 
 def float_tables(t: dict, d: Path) -> dict:
-    """``tables.json`` with every tensor its float counterpart: names, float32, shapes from the sub-models."""
-    import onnxruntime as ort
+    """``tables.json`` with every tensor its float counterpart: names, float32, shapes from the sub-models' graph
+    inputs and outputs (read without their weights)."""
+    import onnx
 
     shapes = {}
     for s in t["stages"]:
-        sess = ort.InferenceSession(str(d / s["float"]), providers=["CPUExecutionProvider"])
-        shapes.update({x.name: _shape(x.shape) for x in [*sess.get_inputs(), *sess.get_outputs()]})
+        g = onnx.load(str(d / s["float"]), load_external_data=False).graph
+        shapes.update({x.name: _shape(x) for x in [*g.input, *g.output]})
 
     def tensor(spec: dict) -> dict:
         shape = shapes[spec["float"]]

@@ -59,23 +59,16 @@ def test_the_benchs_float_ranks_give_the_float_models_outputs(split, tmp_path, r
     import sys
     from pathlib import Path
 
-    import onnx
-    import onnxruntime as ort
-
     bench = Path(__file__).resolve().parents[2] / "bench"
     sys.path.insert(0, str(bench))
-    from float_rank import level
+    from float_rank import whole_model
 
     d, out = split
     xs = np.random.default_rng(2).normal(size=(6, 1, 3, 32, 32)).astype(np.float32)
     np.save(tmp_path / "xf.npy", xs)
     launch.run(out, frames=6, timeout_s=120, program=(str(bench / "float_rank.py"),),
                extra=["--inputs", str(tmp_path / "xf.npy"), "--out", str(tmp_path / "yf.npy")])
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = level()
-    opts.intra_op_num_threads = 1  # (2 threads round the whole model differently: 1.4e-6 here)
-    whole = ort.InferenceSession(onnx.load(str(d / "model.onnx")).SerializeToString(), opts)
-    want = np.stack([whole.run(None, {whole.get_inputs()[0].name: x})[0] for x in xs])
+    want = whole_model(d / "model.onnx", xs)  # 1 thread, as each rank (2 threads round differently: 1.4e-6 here)
     assert np.array_equal(np.load(tmp_path / "yf.npy").reshape(want.shape), want)
     assert not ranks_left()
 
