@@ -5,7 +5,10 @@ seeded weights, int8), 8 emulated devices built here (root: namespaces, cgroups,
 
 Per model: units (the int8 model's fused layers) and a 24-key split (8 devices x 3 cores) timed as the front end
 (units + cuts + tables) and the back end (in-process verification: float chain and int8 chain); every unit
-timed alone on 1 thread; NSGA-II (pymoo, population 100 x 400 generations) over the 8-device platform; then
+timed alone on 1 thread; what a rank costs beyond its invokes (per frame, per byte, a polling share of the
+wall time) fitted over four calibration jobs on two of the hosts (the whole model on one, three 2-way cuts:
+plan/multidevice/overhead.py; not the Pareto points measured below); NSGA-II (pymoo, population 100 x 400
+generations) over the 8-device platform; then
 Pareto points spread over the front (and the min-memory one) split, run as MPI ranks over the emulated hosts
 and measured. Every link is measured first and must be within 10 % of the platform's.
 
@@ -36,6 +39,7 @@ Keys (ratios and errors are fractions):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -132,8 +136,9 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
                 ) -> tuple[dict, dict]:
     """The model's figures, and what was prepared for it (directory, graph, units, costs, float inputs), which the
     2-device speedup reuses."""
+    from edgeplan.distributed import emulate, launch
     from edgeplan.pipeline.multidevice import find_units
-    from edgeplan.plan.multidevice import costs, explore, spec
+    from edgeplan.plan.multidevice import costs, explore, overhead, spec
     from edgeplan.quantize.tflite_graph import TfliteGraph
     from edgeplan.surgery import multidevice
 
@@ -165,6 +170,15 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
     t0 = time.perf_counter()
     c = costs.measure(graph, us, order, cores=1)
     res["profile_s"] = time.perf_counter() - t0
+    # what a rank costs beyond its invokes, measured over MPI on two of the hosts (overhead.measure)
+    t0 = time.perf_counter()
+    ov, calibration = overhead.measure(d, us, c, plat8, work / "runs" / zoo / "calibrate",
+                                       lambda out: launch.run(out, frames=16, timeout_s=900, deadline_s=120,
+                                                              mpi_args=emulate.mpi_args(NAME)).summary, xf)
+    c = dataclasses.replace(c, rank_overhead=ov)
+    res["rank_overhead"] = {**calibration, "seconds": time.perf_counter() - t0}
+    log(f"{name}: rank overhead {ov.frame_s * 1e3:.2f} ms/frame + {ov.byte_s * 1e9:.2f} ms/MB + {ov.poll:.3f} "
+        f"of the wall time ({res['rank_overhead']['seconds']:.0f} s)")
     prep = {"dir": d, "graph": graph, "units": us, "costs": c, "float_inputs": xf}
     front, stats = explore.explore(c, us, plat8, generations=generations)
     res["nsga"] = stats

@@ -169,3 +169,35 @@ exec {real} "$@"
     monkeypatch.setattr(launch, "STARTUP_RETRIES", 0)
     with pytest.raises(launch.DistributedError, match=r"start-up.*after 1 launches"):
         launch.run(out, frames=2, timeout_s=120)
+
+
+def test_the_rank_overhead_is_measured_over_real_ranks(compiled, params, tmp_path, ranks_left):
+    """overhead.measure: the whole model on one rank and three 2-way cuts, each a real MPI job; every rank's bytes
+    are what the cost model says it moves, and every rank spends CPU beyond its invokes."""
+    from edgeplan.plan.multidevice import costs, overhead
+    from edgeplan.quantize.tflite_graph import TfliteGraph
+
+    d, _, _ = compiled("tiny_cnn")
+    us = pipeline.find_units(d, params)
+    c = costs.measure(TfliteGraph((d / "model_int8.tflite").read_bytes()), us, multidevice.unit_order(us), cores=1,
+                      repeats=3)
+    plat = spec.parse_text("dev0, cpu, slots=0, host=localhost\ndev1, cpu, slots=1, host=localhost\n", "p")
+    xs = np.random.default_rng(0).normal(size=(1, 3, 32, 32)).astype(np.float32)
+    fitted, record = overhead.measure(d, us, c, plat, tmp_path,
+                                      lambda out: launch.run(out, frames=8, timeout_s=120).summary, xs)
+    jobs = record["jobs"]
+    assert list(jobs) == ["whole"] + [f"cut{k}" for k in overhead.calibration_cuts(c)]
+    assert [r["bytes"] for r in jobs["whole"]["ranks"]] == [0]
+    for name, job in jobs.items():
+        if name != "whole":
+            moved = overhead.crossing_bytes(c, job["cut"]) + c.output_bytes
+            assert [r["bytes"] for r in job["ranks"]] == [moved, moved]
+    assert all(r["over_s"] > 0 and r["wall_s"] > 0 and r["invoke_s"] > 0 for job in jobs.values() for r in job["ranks"])
+    # the units each rank ran, timed alone: all of them on the whole model's one rank, split between two at a cut
+    assert jobs["whole"]["ranks"][0]["units_s"] == pytest.approx(c.ms[:, 0].sum() / 1e3)
+    for name, job in jobs.items():
+        if name != "whole":
+            assert [r["units_s"] for r in job["ranks"]] == pytest.approx(
+                [c.ms[: job["cut"], 0].sum() / 1e3, c.ms[job["cut"]:, 0].sum() / 1e3])
+    assert record["fit"] == fitted.to_json()
+    assert not ranks_left()

@@ -6,7 +6,7 @@ one per device, so a tensor crosses from the segment that makes it to every late
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -19,6 +19,23 @@ from edgeplan.quantize.tflite_graph import TfliteGraph, tensor_bytes
 
 
 @dataclass(frozen=True)
+class RankOverhead:
+    """What a rank costs beyond its invokes (``overhead.measure``; zero until measured)."""
+
+    frame_s: float = 0.0  # CPU s per frame
+    byte_s: float = 0.0  # CPU s per byte sent or received
+    poll: float = 0.0  # CPU s per wall s
+    invoke_scale: float = 1.0  # a rank's invoke CPU / its units' times measured alone (cache, the host's quota)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict | None) -> RankOverhead:
+        return cls(**{k: float(v) for k, v in (d or {}).items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
 class Costs:
     order: tuple[int, ...]  # unit indices in dependency order (positions 0..U-1)
     ms: np.ndarray  # (U, 2): per position, ms on 1 core and on all cores (measured, this machine)
@@ -28,11 +45,13 @@ class Costs:
     input_bytes: int
     output_bytes: int
     cores: int  # "all cores" above
+    rank_overhead: RankOverhead = field(default_factory=RankOverhead)  # measured over MPI, else zero
 
     def to_json(self) -> dict:
         return {"order": list(self.order), "ms": self.ms.tolist(), "param_bytes": self.param_bytes.tolist(),
                 "act_bytes": self.act_bytes.tolist(), "tensors": [[p, list(c), b] for p, c, b in self.tensors],
-                "input_bytes": self.input_bytes, "output_bytes": self.output_bytes, "cores": self.cores}
+                "input_bytes": self.input_bytes, "output_bytes": self.output_bytes, "cores": self.cores,
+                "rank_overhead": self.rank_overhead.to_json()}
 
     @cached_property
     def edges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -48,7 +67,7 @@ class Costs:
     def from_json(cls, d: dict) -> Costs:
         return cls(tuple(d["order"]), np.asarray(d["ms"], float), np.asarray(d["param_bytes"], np.int64),
                    np.asarray(d["act_bytes"], np.int64), tuple((p, tuple(c), b) for p, c, b in d["tensors"]),
-                   d["input_bytes"], d["output_bytes"], d["cores"])
+                   d["input_bytes"], d["output_bytes"], d["cores"], RankOverhead.from_json(d.get("rank_overhead")))
 
 
 def invoke_ms(data: bytes, threads: int, repeats: int) -> float:

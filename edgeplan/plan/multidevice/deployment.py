@@ -4,7 +4,9 @@
 The deployment's devices are the fleet registry's devices assigned to it, in registry order (the platform:
 cores from their class, host, link, power and cpu quota as registered). The model's units (the layers the int8
 model fuses, ``units.find``) are timed here, each alone on 1 thread and on all cores (``costs.measure``: on the
-machine that plans, a device's time taken as this machine's ÷ its class's ``cpu_quota``); NSGA-II explores cuts
+machine that plans, a device's time taken as this machine's ÷ its class's ``cpu_quota``; what a rank costs beyond
+its invokes is not measured here yet — ``overhead.measure`` needs MPI jobs on the devices — so the plan predicts
+with none, and says so in ``costs.rank_overhead``); NSGA-II explores cuts
 and resources (``explore.explore``, params ``multidevice``); the Pareto point best on the objective asked
 (throughput, memory or modelled energy) is split (``surgery/multidevice.split``: float and int8 stages, verified
 before anything is written) into ``deployments/<name>/multidevice/``, and ``plans/autodice.json`` records the
@@ -65,7 +67,8 @@ def plan_autodice(root: Path, name: str, params: dict, objective: str | None = N
         "devices": [{"id": x.name, "host": x.host, "cores": len(x.slots), "cpu_quota": x.cpu_quota,
                      "net_bytes_per_s": x.net_bytes_per_s, "power_w": x.power_w} for x in platform.devices],
         "costs": {"units": len(order), "cores": cores, "measured_on": os.uname().nodename,
-                  "ms_1_core": float(costs.ms[:, 0].sum()), "ms_all_cores": float(costs.ms[:, 1].sum())},
+                  "ms_1_core": float(costs.ms[:, 0].sum()), "ms_all_cores": float(costs.ms[:, 1].sum()),
+                  "rank_overhead": {**costs.rank_overhead.to_json(), "measured": False}},
         "explore": stats,
         "front": [_point(p) for p in front],
         "single_device": _point(single),

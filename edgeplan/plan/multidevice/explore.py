@@ -4,9 +4,11 @@ Genome: D − 1 cuts over the units in dependency order (sorted; equal cuts leav
 segment, one resource: 1 core or all its cores. Objectives, all minimised:
 
 - **period**: the pipelined frame period, the slowest device's max(compute, bytes out / its link, bytes in /
-  its link) — compute from the measured unit times (÷ its cpu_quota), bytes from the int8 tensors crossing
-  segments (each sent once per reading segment; frames enter and leave at the first segment's device);
-  throughput is its inverse;
+  its link) — compute from the measured unit times (× how much slower a rank's invokes ran) plus what its rank costs beyond
+  them (``costs.rank_overhead``, measured over MPI by ``overhead.measure``: per frame, per byte moved, and a
+  polling share of the quota), ÷ its
+  cpu_quota; bytes from the int8 tensors crossing segments (each sent once per reading segment; frames enter and
+  leave at the first segment's device); throughput is its inverse;
 - **memory**: the largest device's int8 weights + the activations its units touch (predicted; runs measure RSS);
 - **energy** per frame, the largest device's: busy × P_active + (period − busy) × P_idle — *modelled*, from the
   platform's ``power_w``, never measured.
@@ -50,16 +52,15 @@ def evaluate(costs: Costs, platform: Platform, cuts, resources) -> tuple[float, 
     cuts = np.sort(np.asarray(cuts, int))
     u = len(costs.order)
     seg = np.searchsorted(cuts, np.arange(u), side="right")  # position -> device index
-    busy = np.zeros(d)
+    cpu = np.zeros(d)
     mem = np.zeros(d)
+    quota = np.array([x.cpu_quota or 1.0 for x in devs])  # the cgroup gives quota x the cores it uses
     resources = resources_of(platform, resources)
     for k in range(d):
         mask = seg == k
         if not mask.any():
             continue
-        r = resources[k]
-        quota = devs[k].cpu_quota or 1.0
-        busy[k] = costs.ms[mask, r].sum() / 1e3 / quota  # the cgroup gives quota x the cores it uses
+        cpu[k] = costs.ms[mask, resources[k]].sum() / 1e3
         mem[k] = costs.param_bytes[mask].sum() + costs.act_bytes[mask].max()
     prod, tid, reader, nbytes = costs.edges
     src = seg[prod]  # per tensor, the device making it
@@ -73,10 +74,13 @@ def evaluate(costs: Costs, platform: Platform, cuts, resources) -> tuple[float, 
     if head != last:
         tx[last] += costs.output_bytes
         rx[head] += costs.output_bytes
+    used = np.bincount(seg, minlength=d) > 0
+    ov = costs.rank_overhead  # a rank's CPU beyond its invokes; its polling takes a share of the quota
+    cpu = np.where(used, cpu * ov.invoke_scale + ov.frame_s + ov.byte_s * (tx + rx), 0.0)
+    busy = cpu / np.maximum(quota - ov.poll, 1e-3 * quota)
     net = np.array([x.net_bytes_per_s or np.inf for x in devs])
     period = float(np.max(np.maximum(busy, np.maximum(tx / net, rx / net))))
     power = [x.power_w or DEFAULT_POWER for x in devs]
-    used = np.bincount(seg, minlength=d) > 0
     energy = max(busy[k] * power[k]["active"] + (period - busy[k]) * power[k]["idle"] for k in range(d) if used[k])
     return period, int(mem.max()), float(energy), seg.tolist()
 
