@@ -159,11 +159,13 @@ def plan_autodice(root: str, name: str, params: dict) -> dict | None:
 
 
 def _publish_inputs(p: dict):
+    from edgeplan.runtime.split import PLANNERS
+
     root = Path(p["root"])
-    files = [root / "deployments" / p["name"] / "plans" / f for f in ("swapless.json", "flashmem.json",
-                                                                     "parallax.json", "spatial.json",
-                                                                     "autodice.json")] + [
-        root / "deployments" / p["name"] / d for d in ("flashmem", "parallax", "spatial", "multidevice")]
+    base = root / "deployments" / p["name"]
+    # every planner's plan, and the directories of FlashMem, Parallax and the split planners
+    files = [base / "plans" / f"{planner}.json" for planner in ("swapless", "flashmem", "parallax", *PLANNERS)] + [
+        base / d for d in ("flashmem", "parallax", *(k.dir for k in PLANNERS.values()))]
     for m in _models(p):
         d = root / m["name"] / str(m["version"])
         files += [d / "segments", d / "profiles", d / "verify.json", d / "model.json", d / "model_int8.tflite"]
