@@ -1,5 +1,6 @@
-"""What a deployment revision contains: every model's verified segments at every partition point, its
-profile on the device class, the SwapLess plan, self-tests and quantization (pipeline side)."""
+"""What a deployment revision contains: every model's verified segments at every partition point (point 0
+alone, the whole int8 model, for a class without an Edge TPU: no other is ever chosen there), its profile on
+the device class, the SwapLess plan, self-tests and quantization (pipeline side)."""
 from __future__ import annotations
 
 import io
@@ -16,6 +17,7 @@ from edgeplan.bundle.manifest import (
     ModelEntry,
     Quantization,
     SelfTest,
+    carried_points,
     content_digest,
     sha256,
 )
@@ -95,7 +97,7 @@ def build(root: Path, name: str, params: dict) -> Bundle:
         if analysis.last != pm.last_point:
             raise ArtifactError(f"{plan_path}: plans {pm.name} with {pm.last_point} points, {d} has "
                                 f"{analysis.last}; re-plan")
-        for p in range(analysis.last + 1):
+        for p in carried_points(analysis.last, dc.accelerator.kind):
             seg = d / "segments" / f"p{p}"
             files = (["prefix_edgetpu.tflite", "prefix_int8.tflite", "compile.json"] if p > 0 else []) + (
                 ["suffix_int8.tflite"] if p < analysis.last else [])

@@ -152,6 +152,11 @@ class Manifest(_Signed, _Record):
             data.pop("plans")
         return data
 
+    def points_carried(self, entry: ModelEntry) -> range:
+        """The points whose segments the revision carries: every one for a class with an Edge TPU; only point 0
+        (the whole model on the CPU) for a class without one, whose planner and runtime never choose another."""
+        return carried_points(entry.points, self.accelerator)
+
     def blob(self, name: str) -> BlobRef:
         for b in self.blobs:
             if b.name == name:
@@ -169,6 +174,12 @@ class Latest(_Signed, _Record):
     key_id: str = ""
     signature: str = ""
     schema_version: int = 1
+
+
+def carried_points(last: int, accelerator: str) -> range:
+    """Points 0..``last`` whose segments a revision for a class with accelerator kind ``accelerator`` carries
+    (``Manifest.points_carried``)."""
+    return range(last + 1) if accelerator.startswith("edgetpu") else range(1)
 
 
 def sha256(data: bytes) -> str:

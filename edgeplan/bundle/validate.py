@@ -187,7 +187,7 @@ def manifest(m, where: str, deployment: str | None = None, revision: int | None 
         for side in ("input", "output"):
             _quantization(getattr(e, side), where, f"{at}.{side}")
         base = f"models/{e.name}/{e.version}/segments"
-        for p in range(e.points + 1):
+        for p in m.points_carried(e):
             for role, needed in (("prefix_int8.tflite", p > 0), ("suffix_int8.tflite", p < e.points)):
                 if needed:
                     _named(f"{base}/p{p}/{role}", names, where, f"{at} point {p}'s {role.split('_')[0]}")

@@ -418,10 +418,11 @@ class Runtime:
     # requests -----------------------------------------------------------------------------------------------
     def precompute(self, model: str, xs, points=None) -> int:
         """Prefix outputs of float inputs ``xs`` at ``points`` (default: every preloaded point and the current
-        one; "all": every point), so the emulated accelerator returns them without using the CPU. Returns how
+        one; "all": every point the revision carries), so the emulated accelerator returns them without using the CPU. Returns how
         many were computed."""
         m = self._model(model)
-        pts = range(1, m.last + 1) if points == "all" else sorted(points or (m.preload | {self.points[model]}))
+        pts = (self.manifest.points_carried(m.entry) if points == "all"
+               else sorted(points or (m.preload | {self.points[model]})))
         n, its = 0, {}
         for x in xs:
             q = quantize_input(x, m.entry.input)
@@ -481,8 +482,10 @@ class Runtime:
     def configure(self, points: dict[str, int], cores: dict[str, int], why: str = "manual") -> None:
         """Switch partition points and core counts; requests in flight finish under their own."""
         for n in self.order:
-            if not 0 <= points[n] <= self.models[n].last:
-                raise EdgeplanError(f"{n}: point {points[n]} outside 0..{self.models[n].last}")
+            carried = self.manifest.points_carried(self.models[n].entry)
+            if points[n] not in carried:
+                raise EdgeplanError(f"{n}: point {points[n]} outside {carried.start}..{carried.stop - 1} (the points "
+                                    f"the revision carries for a {self.manifest.accelerator!r} accelerator)")
         if sum(cores.values()) > self.plan.cores:
             raise EdgeplanError(f"{sum(cores.values())} cores asked, the device class has {self.plan.cores}")
         changed = points != self.points or cores != self.cores

@@ -288,7 +288,7 @@ def _check_models(rev_dir: Path, manifest: Manifest, where: str) -> None:
     plan = load_plan(rev_dir, manifest)
     for entry in manifest.models:
         planned = {m.name: m.point for m in plan.models}.get(entry.name, 0)
-        for point in sorted({0, planned, entry.points}):
+        for point in sorted({0, planned, entry.points} & set(manifest.points_carried(entry))):
             prefix, suffix = segment_paths(rev_dir, entry, point)
             chain = [litert.interpreter(p.read_bytes(), deterministic=True) for p in (prefix, suffix) if p]
             for t in entry.selftests:

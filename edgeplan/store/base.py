@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
 
 CHUNK = 1 << 20
@@ -37,6 +38,16 @@ class Store(ABC):
     def read_range(self, key: str, start: int, end: int | None = None) -> bytes:
         """Bytes [start, end) of the object (to its end when ``end`` is None)."""
 
+    def read_from(self, key: str, start: int, total: int) -> Iterator[bytes]:
+        """Bytes [start, total) of the object, in pieces of at most CHUNK (one ``read_range`` each here; a
+        backend that streams one response overrides it)."""
+        while start < total:
+            chunk = self.read_range(key, start, min(total, start + CHUNK))
+            if not chunk:
+                return
+            yield chunk
+            start += len(chunk)
+
     def put_file(self, key: str, path: Path, *, if_absent: bool = False) -> bool:
         return self.put(key, Path(path).read_bytes(), if_absent=if_absent)
 
@@ -61,17 +72,18 @@ class Store(ABC):
             part.unlink()
             have = 0
         moved = 0
+        h = hashlib.sha256()  # hashed as it arrives (what a resumed download kept, first): read once, not twice
+        if have:
+            _hash_file(h, part)
         with open(part, "ab") as f:
-            while have < total:
-                chunk = self.read_range(key, have, min(total, have + CHUNK))
-                if not chunk:
-                    break
+            for chunk in self.read_from(key, have, total):
                 f.write(chunk)
+                h.update(chunk)
                 have += len(chunk)
                 moved += len(chunk)
                 if progress:
                     progress(len(chunk))
-        if sha256 is not None and file_sha256(part) != sha256:
+        if sha256 is not None and h.hexdigest() != sha256:
             part.unlink()
             raise BundleVerificationError(f"{self.uri}/{key}: sha256 does not match the manifest; the download "
                                           "was discarded (the blob in the store is corrupt or was replaced)")
@@ -79,12 +91,15 @@ class Store(ABC):
         return moved
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
+def _hash_file(h, path: Path):
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(CHUNK), b""):
             h.update(chunk)
-    return h.hexdigest()
+    return h
+
+
+def file_sha256(path: Path) -> str:
+    return _hash_file(hashlib.sha256(), path).hexdigest()
 
 
 def check_key(key: str) -> str:

@@ -5,15 +5,22 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 import yaml
 
+from edgeplan.bundle import keys
+from edgeplan.bundle.build import build
+from edgeplan.bundle.publish import publish
 from edgeplan.cli import main
-from edgeplan.errors import PlanError, ProfileError
+from edgeplan.errors import EdgeplanError, PlanError, ProfileError
 from edgeplan.pipeline import params as params_mod
 from edgeplan.pipeline.planning import plan_swapless
 from edgeplan.plan.swapless.plan import SwapLessPlan
 from edgeplan.profile import cpu, fleet, run
+from edgeplan.runtime import Runtime, pull
+from edgeplan.runtime.model import dequantize_output
+from edgeplan.store import open_store
 
 SETTINGS = cpu.Settings(repeats=20, span_s=0.5, budget_s=2)
 
@@ -109,3 +116,23 @@ def test_a_class_without_an_edge_tpu_runs_every_model_on_the_cpu(root, tmp_path)
     assert [m.point for m in plan.models] == [0, 0]
     assert all(m.cores >= 1 for m in plan.models) and sum(m.cores for m in plan.models) <= plan.cores
     assert all("has no Edge TPU; the model runs wholly on the CPU" in " ".join(plan.notes) for _ in plan.models)
+    # its revision carries point 0 alone (the whole int8 model): the points past it need an Edge TPU and are never
+    # chosen there; the device checks, activates and serves it, and refuses a point it does not carry
+    _, key_path, _ = keys.generate(tmp_path / "keys")
+    trusted = keys.load_trusted([tmp_path / "keys"])
+    bundle = build(tmp_path, "duo", p)
+    segments = {n.split("/segments/", 1)[1] for n in bundle.blobs if "/segments/" in n}
+    assert segments == {"p0/suffix_int8.tflite"}
+    publish(open_store(tmp_path / "store"), bundle, keys.load_signing_key(key_path), trusted, [])
+    res = pull(open_store(tmp_path / "store"), tmp_path / "device", trusted, deployment="duo")
+    assert res.activated and res.fetched_blobs == len(bundle.blobs)
+    with Runtime(tmp_path / "device", adapt=False) as rt:  # the EMULATED accelerator has no prefix to compute
+        assert rt.precompute("tiny_cnn", [np.zeros(rt.models["tiny_cnn"].entry.input.float_shape, np.float32)],
+                             points="all") == 0
+        entry = rt.models["tiny_cnn"].entry
+        y = rt.infer("tiny_cnn", np.load(rt.rev_dir / entry.selftests[0].input))
+        want = dequantize_output(np.load(rt.rev_dir / entry.selftests[0].expected), entry.output)
+        # served with XNNPACK; the expected output is the reference kernels': a quantization step or two apart
+        assert np.abs(y - want).max() <= 2.01 * entry.output.scale
+        with pytest.raises(EdgeplanError, match="point 1 outside 0..0"):
+            rt.configure({**rt.points, "tiny_cnn": 1}, rt.cores)

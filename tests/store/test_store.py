@@ -62,3 +62,67 @@ def test_unknown_scheme_and_a_store_that_is_down():
     down = open_store("s3://edgeplan/x", endpoint_url="http://127.0.0.1:9", retries=2, timeout_s=1)
     with pytest.raises(StoreError, match=r"unreachable.*127\.0\.0\.1:9"):
         down.put("k", b"v")
+
+
+def test_s3_download_is_one_get_and_a_cut_stream_resumes(s3_server, tmp_path):
+    """S3 blobs come in one ranged GET each, read in pieces (not a GET per MB); a connection cut part-way through
+    the body is a StoreError that keeps what arrived, and the next download fetches only the rest."""
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    up = urlparse(s3_server)
+    cut = {"after": 1_500_000, "done": False}
+
+    def relay(src, dst, limit=None):
+        sent = 0
+        try:
+            while data := src.recv(65536):
+                if limit is not None and not cut["done"] and sent + len(data) > limit:
+                    cut["done"] = True  # one response cut short, the first to run past the limit
+                    dst.sendall(data[:limit - sent])
+                    break
+                dst.sendall(data)
+                sent += len(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def serve(lsock):
+        while True:
+            try:
+                client, _ = lsock.accept()
+            except OSError:
+                return
+            server = socket.create_connection((up.hostname, up.port))
+            threading.Thread(target=relay, args=(client, server), daemon=True).start()
+            threading.Thread(target=relay, args=(server, client, cut["after"]), daemon=True).start()
+
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(8)
+    threading.Thread(target=serve, args=(lsock,), daemon=True).start()
+    try:
+        data = bytes(range(256)) * 9000  # 2.3 MB: three CHUNKs
+        digest = hashlib.sha256(data).hexdigest()
+        key = f"blobs/sha256/{digest}"
+        open_store("s3://edgeplan/cut", endpoint_url=s3_server).put(key, data)
+        store = open_store("s3://edgeplan/cut", endpoint_url=f"http://127.0.0.1:{lsock.getsockname()[1]}",
+                           retries=1)
+        gets = []
+        store.client.meta.events.register("before-call.s3.GetObject", lambda **kw: gets.append(1))
+        dest = tmp_path / "blob"
+        with pytest.raises(StoreError, match="read failed"):
+            store.download(key, dest, sha256=digest)
+        part = tmp_path / "blob.part"
+        kept = part.stat().st_size
+        assert 0 < kept < len(data) and part.read_bytes() == data[:kept] and not dest.exists()
+        gets.clear()
+        assert store.download(key, dest, sha256=digest) == len(data) - kept
+        assert dest.read_bytes() == data and len(gets) == 1
+    finally:
+        lsock.close()
