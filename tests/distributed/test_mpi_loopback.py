@@ -36,7 +36,10 @@ def split(compiled, params, tmp_path_factory):
     return d, out
 
 
-def test_ranks_give_the_int8_models_outputs(split, tmp_path, ranks_left):
+@pytest.mark.parametrize("window", [["--window", "2"], ["--send-window", "1"], ["--send-window", "0", "--ahead", "2"]])
+def test_ranks_give_the_int8_models_outputs(split, tmp_path, ranks_left, window):
+    """Every rank waits between its stages for data from the others (both ways): no frame window, nor a rank
+    holding back until its sends of the frame before (``--send-window 1``) or of this frame (0) are done, stalls."""
     d, out = split
     t = json.loads((out / "tables.json").read_text())
     assert len(t["stages"]) == 9
@@ -44,7 +47,7 @@ def test_ranks_give_the_int8_models_outputs(split, tmp_path, ranks_left):
     xs = rng.integers(-128, 127, (16, *t["input"]["shape"]), endpoint=True).astype(np.int8)
     np.save(tmp_path / "x.npy", xs)
     r = launch.run(out, frames=16, timeout_s=120, extra=["--inputs", str(tmp_path / "x.npy"), "--out",
-                                                         str(tmp_path / "y.npy"), "--window", "2"])
+                                                         str(tmp_path / "y.npy"), *window])
     assert r.summary["frames"] == 16 and len(r.summary["ranks"]) == 3
     assert sorted(s for k in r.summary["ranks"] for s in k["stages"]) == list(range(9))
     whole = litert.interpreter((d / "model_int8.tflite").read_bytes(), deterministic=False)
