@@ -68,8 +68,8 @@ def root_address(state: dict) -> str:
 
 def deployment(src: Path, zoo: str, root: Path, params: dict, plat, quota: float, net: float, log) -> dict:
     """Profile, plan and build the split deployment of the compiled model ``src`` over ``plat``'s devices under
-    ``root`` (the model's files linked, not copied: VGG-19's segments are 7.9 GB). Returns (params, bundle,
-    the AutoDiCE plan record, seconds per step)."""
+    ``root`` (the model's files linked, not copied: VGG-19's segments are 7.9 GB). Returns {params, bundle,
+    record: the AutoDiCE plan record, steps: seconds per step}."""
     import copy
 
     from edgeplan.bundle.build import build
