@@ -12,12 +12,10 @@ run --selftest``), which is not part of the time.
 """
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -26,39 +24,6 @@ from pathlib import Path
 
 CLASS = "edge-split"
 DEPLOYMENT = "split"
-AWS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
-
-
-@contextlib.contextmanager
-def s3_server(address: str, log: Path):
-    """moto's S3 server on ``address`` (a free port), bucket ``edgeplan``; yields its URL (the credentials it
-    takes are set in this process's environment)."""
-    import boto3
-
-    os.environ.update(AWS)
-    with socket.socket() as s:
-        s.bind((address, 0))
-        port = s.getsockname()[1]
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", address, "-p", str(port)], stdout=out,
-                                stderr=subprocess.STDOUT)
-    url = f"http://{address}:{port}"
-    try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                socket.create_connection((address, port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"moto server did not start: {log.read_text()[-2000:]}") from None
-                time.sleep(0.2)
-        boto3.client("s3", endpoint_url=url).create_bucket(Bucket="edgeplan")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def root_address(state: dict) -> str:
@@ -133,6 +98,7 @@ def measure(emulated: str, src: Path, zoo: str, work: Path, params: dict, plat, 
     from edgeplan.plan.multidevice.deployment import SPLIT_DIR
     from edgeplan.profile import fleet
     from edgeplan.store import open_store
+    from edgeplan.store.moto_server import moto_server
 
     state = emulate.load(emulated)
     root = work / "deploy" / zoo
@@ -142,7 +108,8 @@ def measure(emulated: str, src: Path, zoo: str, work: Path, params: dict, plat, 
     key, trusted = keys.load_signing_key(key_path), keys.load_trusted([root / "keys"])
     tables = json.loads((root / "deployments" / DEPLOYMENT / SPLIT_DIR / "tables.json").read_text())
     ranked = {r["device"] for r in tables["ranks"]}  # a device without a rank is refused at pull: not asked
-    with s3_server(root_address(state), root / "moto.log") as url:
+    with moto_server(root_address(state), log=root / "moto.log") as server:
+        url = server.url
         store = open_store(f"s3://edgeplan/{zoo}", endpoint_url=url)
         t0 = time.perf_counter()
         publish(store, bundle, key, trusted, fleet.load(p).devices)

@@ -51,41 +51,10 @@ def compiled(tmp_path_factory, params):
 def s3_server(tmp_path_factory):
     """A real S3-protocol server on loopback (moto's server mode), its endpoint URL; credentials are set in
     the environment for boto3's standard chain. One bucket, ``edgeplan``, exists."""
-    import socket
-    import subprocess
-    import sys
-    import time
+    from edgeplan.store.moto_server import moto_server
 
-    import boto3
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tmp_path_factory.mktemp("moto") / "server.log"
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    deadline = time.time() + 60
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"moto server did not start: {log.read_text()[-2000:]}") from None
-            time.sleep(0.2)
-    boto3.client("s3", endpoint_url=url).create_bucket(Bucket="edgeplan")
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with moto_server(log=tmp_path_factory.mktemp("moto") / "server.log") as server:
+        yield server.url
 
 
 @pytest.fixture(scope="session")

@@ -7,13 +7,8 @@ import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
-import time
 
 import boto3
-import botocore.exceptions
 import pytest
 
 from edgeplan.artifacts import VerifyReport
@@ -35,6 +30,7 @@ from edgeplan.errors import (
 )
 from edgeplan.profile import fleet
 from edgeplan.store import open_store
+from edgeplan.store.moto_server import moto_server
 
 
 @pytest.fixture(scope="module")
@@ -153,42 +149,27 @@ def test_store_down_mid_publish_then_rerun(deployment_root, signing, tmp_path):
     `latest` never written; resumed (SIGCONT), a rerun uploads only the rest."""
     root, params = deployment_root
     key, trusted = signing
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-           "AWS_DEFAULT_REGION": "us-east-1"}
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                boto3.client("s3", endpoint_url=url).create_bucket(Bucket="down")
-                break
-            except (OSError, botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError):
-                time.sleep(0.2)
-        store = open_store("s3://down/x", endpoint_url=url, retries=2, timeout_s=1)
-        bundle = build(root, "solo", params)
-        sent = []
+    with moto_server(bucket="down") as server:
+        proc = server.proc
+        try:
+            store = open_store("s3://down/x", endpoint_url=server.url, retries=2, timeout_s=1)
+            bundle = build(root, "solo", params)
+            sent = []
 
-        def stop_after_three(n):
-            sent.append(n)
-            if len(sent) == 3:
-                proc.send_signal(signal.SIGSTOP)
+            def stop_after_three(n):
+                sent.append(n)
+                if len(sent) == 3:
+                    proc.send_signal(signal.SIGSTOP)
 
-        with pytest.raises(StoreError, match="gave up after"):
-            publish(store, bundle, key, trusted, progress=stop_after_three)
-        proc.send_signal(signal.SIGCONT)
-        assert not store.exists(latest_key("solo")) and not store.exists(manifest_key("solo", 1))
-        done = publish(store, bundle, key, trusted)
-        assert done.revision == 1 and done.uploaded_blobs == len({r.sha256 for r in bundle.refs}) - 3
-        assert read_latest(store, "solo", trusted)[0].revision == 1
-    finally:
-        proc.send_signal(signal.SIGCONT)
-        proc.terminate()
-        proc.wait(timeout=10)
+            with pytest.raises(StoreError, match="gave up after"):
+                publish(store, bundle, key, trusted, progress=stop_after_three)
+            proc.send_signal(signal.SIGCONT)
+            assert not store.exists(latest_key("solo")) and not store.exists(manifest_key("solo", 1))
+            done = publish(store, bundle, key, trusted)
+            assert done.revision == 1 and done.uploaded_blobs == len({r.sha256 for r in bundle.refs}) - 3
+            assert read_latest(store, "solo", trusted)[0].revision == 1
+        finally:
+            proc.send_signal(signal.SIGCONT)  # a stopped server would not take the SIGTERM that stops it
 
 
 def test_cli_keys_publish_ls(deployment_root, tmp_path, capsys):
