@@ -60,12 +60,15 @@ def test_every_mode_gives_the_int8_models_bits(streamed, mode):
     assert len(log.segments) == len(segs) and all(s.invoke_ms > 0 for s in log.segments)
 
 
-def test_the_plan_streams_and_loads_where_planned(streamed):
-    root, plan, segs, x, _ = streamed
+@pytest.mark.parametrize("readers", [1, 3])
+def test_the_plan_streams_and_loads_where_planned(streamed, readers):
+    root, plan, segs, x, want = streamed
     assert not all(w.preload for w in plan.weights) and len(segs) > 3
     steps = stream.schedule(segs, "plan", plan)
     assert any(s.build >= 0 for s in steps)
-    _, log = stream.Streamer(segs, steps, INTERPRETER).run(x)
+    out, log = stream.Streamer(segs, steps, INTERPRETER, readers=readers).run(x)
+    for k in want:
+        np.testing.assert_array_equal(out[k], want[k])
     for k, (step, entry) in enumerate(zip(steps, log.segments)):
         assert entry.planned_build == step.build
         if step.build < 0:
@@ -73,6 +76,18 @@ def test_the_plan_streams_and_loads_where_planned(streamed):
         else:  # never before the planned position; at its own turn only as a stall (a busy host)
             assert step.build <= entry.built_at <= k
             assert entry.built_at < k or entry.stall_ms > 0
+
+
+def test_outputs_outlive_their_interpreter(streamed):
+    """invoke_named hands out get_tensor's copies (no second copy): another invoke and the interpreter's end
+    leave them as they were."""
+    _, _, segs, x, _ = streamed
+    it = INTERPRETER(segs[0].path.read_bytes())
+    first = stream.invoke_named(it, x)
+    kept = {k: v.copy() for k, v in first.items()}
+    stream.invoke_named(it, {k: np.full_like(v, 17) for k, v in x.items()})
+    del it
+    assert all(np.array_equal(first[k], kept[k]) for k in kept)
 
 
 def test_a_corrupt_segment_fails_the_request_naming_it(streamed, tmp_path):
