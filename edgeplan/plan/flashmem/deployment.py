@@ -3,8 +3,9 @@
 Per model: its streaming layers (``stream/stream.json``), their measured load capacity and times
 (``profiles/<class>.json``), M_peak from the device class (``flashmem.m_peak_ram_share`` of its RAM, less the
 partitions SwapLess preloads for fast switching when its plan exists), LC-OPG, then the segments the plan
-runs — runs of layers (``plan.groups``) cut from ``stream/model_split.tflite`` into
-``deployments/<name>/flashmem/<model>/`` — each named in the plan by its sha256.
+runs — runs of layers (``plan.groups``, then merged while shorter than ``flashmem.min_segment_ms``:
+``merge``) cut from ``stream/model_split.tflite`` into ``deployments/<name>/flashmem/<model>/`` — each named in
+the plan by its sha256. The plan recorded is the solver's shifted to what the runtime does over those segments.
 """
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ from edgeplan.artifacts import StreamInfo, write_bytes_atomic
 from edgeplan.errors import ArtifactError, PlanError, ProfileError
 from edgeplan.pipeline.planning import deployment, resolve_version
 from edgeplan.plan.flashmem import lcopg
-from edgeplan.plan.flashmem.plan import FlashMemPlan, ModelStreamPlan, StreamSegment, groups
+from edgeplan.plan.flashmem.merge import merge
+from edgeplan.plan.flashmem.plan import (
+    FlashMemPlan,
+    ModelStreamPlan,
+    StreamSegment,
+    groups,
+)
 from edgeplan.plan.flashmem.problem import Layer, Problem
 from edgeplan.profile import capacity as cap
 from edgeplan.profile import fleet as fleet_mod
@@ -77,7 +84,8 @@ def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None
                                "flashmem.capacity_rounds is 0); FlashMem plans from measured load capacity")
         prob = problem(info, load, settings, budget)
         overlap = lcopg.plan(prob, lambda done, total, n=m["name"]: progress(n, done, total))
-        segments = _cut(d, info, groups(overlap, len(info.layers)), out_dir, f"flashmem/{m['name']}")
+        runs, overlap = merge(prob, overlap, groups(overlap, len(info.layers)), float(settings["min_segment_ms"]))
+        segments = _cut(d, info, runs, out_dir, f"flashmem/{m['name']}")
         preload_peak = sum(prob.full_kib(i) for i in range(prob.n)) * 1024
         models.append(ModelStreamPlan(m["name"], version, info.split_sha256, "measured", tuple(segments), overlap,
                                       preload_peak))

@@ -1,0 +1,101 @@
+"""Merging streaming segments: fewer segments within M_peak, the shifted plan records exactly where the runtime
+reads and builds, and the merged chain streams the int8 model's bits."""
+from __future__ import annotations
+
+import hashlib
+from functools import partial
+from itertools import pairwise
+
+import numpy as np
+import pytest
+
+from edgeplan.plan.flashmem import lcopg
+from edgeplan.plan.flashmem.merge import merge, shifted
+from edgeplan.plan.flashmem.plan import groups
+from edgeplan.plan.flashmem.problem import Layer, Problem
+from edgeplan.quantize import litert
+from edgeplan.quantize import stream as cutting
+from edgeplan.quantize.tflite_graph import TfliteGraph
+from edgeplan.runtime import stream
+
+INTERPRETER = partial(litert.interpreter, deterministic=False)
+
+
+@pytest.fixture(scope="module")
+def solved(compiled):
+    """light_squeezenet int8 with its large ops split, layers of 1 ms with arenas, planned at a third of its weights."""
+    d, _, _ = compiled("light_squeezenet")
+    g = TfliteGraph(cutting.split_large_ops((d / "model_int8.tflite").read_bytes(), 96 * 1024))
+    ls = cutting.layers(g)
+    total = sum(layer.weight_bytes for layer in ls)
+    problem = Problem(tuple(Layer(layer.name, layer.weight_bytes, 1.0, "reusable", 2, 50.0, build_ms=1.0,
+                                  arena_bytes=(k % 3) * 8192) for k, layer in enumerate(ls)),
+                      chunk_bytes=16 * 1024, m_peak=max(total // 3, 600 * 1024), window=20, lookback=6)
+    return d, g, ls, problem, lcopg.plan(problem)
+
+
+def _segments(g, ls, runs, root):
+    out = []
+    for k, ((a, b), blob) in enumerate(zip(runs, cutting.segments(g, runs))):
+        path = root / f"s{k}.tflite"
+        path.write_bytes(blob)
+        inputs, _ = cutting.boundary(g, ls[a].first_op, ls[b].last_op)
+        out.append(stream.Segment(path, hashlib.sha256(blob).hexdigest(), len(blob), ls[a].op, a, b,
+                                  tuple(g.tensors[i].name for i in inputs)))
+    return out
+
+
+def test_short_runs_merge_within_m_peak_and_stream_the_int8_bits(solved, tmp_path):
+    d, g, ls, problem, plan = solved
+    first = groups(plan, problem.n)
+    runs, merged = merge(problem, plan, first, min_segment_ms=3.5)
+    assert len(runs) < len(first)
+    assert runs[0][0] == 0 and runs[-1][1] == problem.n - 1
+    assert all(b + 1 == c for (_, b), (c, _) in pairwise(runs))
+    starts = {a for a, _ in first}
+    for a, b in runs:  # a run took the next one in only while it was shorter than 3.5 ms
+        last = max(x for x in starts if a <= x <= b)
+        assert last == a or sum(problem.layers[i].invoke_ms for i in range(a, last)) < 3.5
+    assert merged.peak_resident_bytes <= max(problem.m_peak, shifted(problem, plan, first).peak_resident_bytes)
+    segs = _segments(g, ls, runs, tmp_path)
+    # the shifted plan is what the runtime does with the solver's plan over these segments: same read
+    # positions and builds, segment by segment
+    as_solved, as_recorded = stream.schedule(segs, "plan", plan), stream.schedule(segs, "plan", merged)
+    assert [(s.build, [p for p, _ in s.reads]) for s in as_solved] == \
+           [(s.build, [p for p, _ in s.reads]) for s in as_recorded]
+    rng = np.random.default_rng(3)
+    x = {g.tensors[i].name: rng.integers(-128, 128, g.tensors[i].shape, dtype=np.int8) for i in g.inputs}
+    want = stream.run_preloaded(d / "model_int8.tflite", x, INTERPRETER)
+    got, log = stream.Streamer(segs, as_recorded, INTERPRETER).run(x)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+    assert len(log.segments) == len(runs)
+
+
+def test_no_merging_keeps_the_runs_and_a_tight_budget_merges_nothing_above_it(solved):
+    _, _, _, problem, plan = solved
+    first = groups(plan, problem.n)
+    runs, same = merge(problem, plan, first, min_segment_ms=0.0)
+    assert runs == first and same == shifted(problem, plan, first)
+    from dataclasses import replace
+
+    tight = replace(problem, m_peak=same.peak_resident_bytes)
+    runs, merged = merge(tight, plan, first, min_segment_ms=1e9)
+    assert merged.peak_resident_bytes <= same.peak_resident_bytes
+    assert len(runs) <= len(first)
+
+
+def test_a_merged_run_reads_its_weights_before_it_starts(solved):
+    _, _, _, problem, plan = solved
+    runs, merged = merge(problem, plan, groups(plan, problem.n), min_segment_ms=3.5)
+    start = {a: k for k, (a, _) in enumerate(runs)}
+    seg = {layer: k for k, (a, b) in enumerate(runs) for layer in range(a, b + 1)}
+    for w in merged.weights:
+        if w.preload:
+            assert seg[w.layer] == 0 or all(problem.layers[i].weight_bytes == 0 or
+                                            next(x for x in merged.weights if x.layer == i).preload
+                                            for i in range(runs[seg[w.layer]][0], runs[seg[w.layer]][1] + 1))
+            continue
+        assert all(ld.layer in start and start[ld.layer] < seg[w.layer] for ld in w.loads)
+        assert w.build_layer in start and start[w.build_layer] < seg[w.layer]
+        assert w.build_layer >= max(ld.layer for ld in w.loads)
