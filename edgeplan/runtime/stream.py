@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeplan.errors import EdgeplanError
-from edgeplan.plan.flashmem.plan import OverlapPlan
+from edgeplan.plan.flashmem.plan import OverlapPlan, run_loads
 
 MODES = ("serial", "always-next", "same-op-type", "plan")
 SWITCH_INTERVAL_S = 0.001
@@ -81,7 +81,6 @@ def schedule(segments: list[Segment], mode: str, plan: OverlapPlan | None = None
     """The loader's steps for ``mode`` (positions are segment indices)."""
     if mode not in MODES:
         raise StreamError(f"unknown stream mode {mode!r}; choose one of {', '.join(MODES)} (or preload)")
-    n = len(segments)
     if mode == "serial":
         return [Step(((k, s.size),), k if k else -1) for k, s in enumerate(segments)]
     if mode == "always-next":
@@ -95,35 +94,27 @@ def schedule(segments: list[Segment], mode: str, plan: OverlapPlan | None = None
         return steps
     if plan is None:
         raise StreamError("stream mode 'plan' needs the model's overlap plan")
-    return _from_plan(segments, plan, n)
+    return _from_plan(segments, plan)
 
 
-def _from_plan(segments: list[Segment], plan: OverlapPlan, n: int) -> list[Step]:
-    where = {}  # plan layer -> segment position
-    for k, s in enumerate(segments):
-        for layer in range(s.first_layer, s.last_layer + 1):
-            where[layer] = k
-    by_layer = {w.layer: w for w in plan.weights}
+def _from_plan(segments: list[Segment], plan: OverlapPlan) -> list[Step]:
+    """Each segment's reads and build as ``run_loads`` carries the plan out; a segment's bytes split over its
+    read positions in proportion to the chunks read there."""
     steps = []
-    for k, s in enumerate(segments):
-        ws = [by_layer[i] for i in range(s.first_layer, s.last_layer + 1) if i in by_layer]
-        streamed = [w for w in ws if not w.preload]
-        if not streamed or k == 0:
+    for s, run in zip(segments, run_loads(plan, [(s.first_layer, s.last_layer) for s in segments])):
+        if run is None:
             steps.append(Step(((0, s.size),), -1))
             continue
-        total = sum(w.chunks for w in streamed)
         pieces: dict[int, int] = {}
-        for w in streamed:
-            for load in w.loads:
-                pos = min(where[load.layer], k - 1)
-                pieces[pos] = pieces.get(pos, 0) + load.chunks
+        for at in run.reads.values():
+            for pos, chunks in at.items():
+                pieces[pos] = pieces.get(pos, 0) + chunks
         reads, done = [], 0
         for pos in sorted(pieces):
-            nbytes = s.size * pieces[pos] // total if pos != max(pieces) else s.size - done
+            nbytes = s.size * pieces[pos] // run.chunks if pos != max(pieces) else s.size - done
             reads.append((pos, nbytes))
             done += nbytes
-        build = min(max(where[w.build_layer] for w in streamed), k - 1)
-        steps.append(Step(tuple(reads), max(build, max(pieces))))
+        steps.append(Step(tuple(reads), run.build))
     return steps
 
 
@@ -408,3 +399,4 @@ def load_plans(rev_dir: Path, manifest) -> dict:
             raise BundleVerificationError(f"{where}: {m.name}'s plan is not ordered by layer; refused")
         out[m.name] = (m, segs)
     return out
+

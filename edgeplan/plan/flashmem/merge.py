@@ -9,7 +9,7 @@ little. Here a run of layers shorter than ``min_segment_ms`` (the layers' measur
 run in, as long as the plan, shifted to what the runtime then does, still fits M_peak:
 
 - the merged run's weights are all read and built before it starts: a read the plan placed inside the run, or
-  its build, moves to the segment before it (the runtime's rule, ``runtime.stream.schedule``);
+  its build, moves to the segment before it (``plan.run_loads``, the rule the runtime's loader follows);
 - a read the plan placed at a layer inside the run, for a later segment, happens when the run starts;
 - the run's arena is the largest of its layers', held while any of them runs;
 - a preloaded weight inside a run that streams is read with the run (the runtime reads the segment whole).
@@ -21,38 +21,25 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from edgeplan.plan.flashmem.plan import Ledger, Load, OverlapPlan, WeightPlan
+from edgeplan.plan.flashmem.plan import Ledger, Load, OverlapPlan, run_loads
 from edgeplan.plan.flashmem.problem import KIB, Problem
 
 
 def shifted(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]]) -> OverlapPlan:
-    """``plan`` as the runtime carries it out over the segments ``runs`` (see the module docstring)."""
-    seg = [0] * problem.n
-    for k, (a, b) in enumerate(runs):
-        for layer in range(a, b + 1):
-            seg[layer] = k
-    by_run: dict[int, list[WeightPlan]] = {}
-    for w in plan.weights:
-        by_run.setdefault(seg[w.layer], []).append(w)
+    """``plan`` as the runtime carries it out over the segments ``runs`` (``plan.run_loads``; see the module
+    docstring)."""
+    by_layer = {w.layer: w for w in plan.weights}
     weights = []
-    for k, ws in sorted(by_run.items()):
-        streamed = [w for w in ws if not w.preload]
-        if k == 0 or not streamed:  # read and built before the first invoke
+    for (a, b), run in zip(runs, run_loads(plan, runs)):
+        ws = [by_layer[i] for i in range(a, b + 1) if i in by_layer]
+        if run is None:  # read and built before the first invoke
             weights += [replace(w, preload=True, loads=(), build_layer=None) for w in ws]
             continue
-        positions = sorted({min(seg[ld.layer], k - 1) for w in streamed for ld in w.loads})
-        build = max(min(max((seg[w.build_layer] for w in streamed if w.build_layer is not None), default=k - 1),
-                        k - 1), positions[-1])
-        for w in ws:
-            if w.preload:  # read with the run, at its first read
-                loads = (Load(runs[positions[0]][0], w.chunks),)
-            else:
-                merged: dict[int, int] = {}
-                for ld in w.loads:
-                    at = runs[min(seg[ld.layer], k - 1)][0]
-                    merged[at] = merged.get(at, 0) + ld.chunks
-                loads = tuple(Load(at, c) for at, c in sorted(merged.items()))
-            weights.append(replace(w, preload=False, loads=loads, build_layer=runs[build][0]))
+        first = min(pos for at in run.reads.values() for pos in at)
+        for w in ws:  # a preloaded weight is read with the run, at its first read
+            at = run.reads.get(w.layer, {first: w.chunks})
+            weights.append(replace(w, preload=False, loads=tuple(Load(runs[pos][0], c) for pos, c in sorted(at.items())),
+                                   build_layer=runs[run.build][0]))
     ledger = Ledger(problem)
     for a, b in runs:  # a segment's arena: its largest layer's, while any of its layers runs
         top = max(problem.arena_kib(layer) for layer in range(a, b + 1))

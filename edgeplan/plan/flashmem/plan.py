@@ -152,6 +152,47 @@ def groups(plan: OverlapPlan, n: int) -> list[tuple[int, int]]:
 
 
 @dataclass(frozen=True)
+class RunLoads:
+    """What the runtime does for one segment (a run of layers) that streams: ``reads`` = per streamed weight
+    (its layer), the chunks it reads at each segment position; ``build`` = the position whose invoke shadows the
+    segment's build; ``chunks`` = the streamed weights' chunks."""
+
+    reads: dict[int, dict[int, int]]
+    build: int
+    chunks: int
+
+
+def run_loads(plan: OverlapPlan, runs: list[tuple[int, int]]) -> list[RunLoads | None]:
+    """``plan`` carried out over the segments ``runs`` (one per run; None: read and built before the first
+    invoke, as the first segment and one with only preloaded weights are). A segment is read and built whole
+    before it runs: each read the plan placed at a layer moves to the segment holding that layer, and one placed
+    inside the segment itself to the segment before it; the build goes to the latest segment any of its weights
+    names, no later than the one before it and no earlier than its last read. The runtime's loader schedule
+    (``runtime.stream.schedule``) and the merged plan (``merge.shifted``) both follow this."""
+    seg = {layer: k for k, (a, b) in enumerate(runs) for layer in range(a, b + 1)}
+    streamed: dict[int, list[WeightPlan]] = {}
+    for w in plan.weights:
+        if not w.preload:
+            streamed.setdefault(seg[w.layer], []).append(w)
+    out: list[RunLoads | None] = []
+    for k in range(len(runs)):
+        ws = streamed.get(k, [])
+        if k == 0 or not ws:
+            out.append(None)
+            continue
+        reads: dict[int, dict[int, int]] = {}
+        for w in ws:
+            at = reads.setdefault(w.layer, {})
+            for load in w.loads:
+                pos = min(seg[load.layer], k - 1)
+                at[pos] = at.get(pos, 0) + load.chunks
+        build = min(max(seg[w.build_layer] for w in ws), k - 1)
+        out.append(RunLoads(reads, max(build, max(pos for at in reads.values() for pos in at)),
+                            sum(w.chunks for w in ws)))
+    return out
+
+
+@dataclass(frozen=True)
 class StreamSegment:
     """One segment the device streams: a run of layers cut from the model's split int8 model."""
 
