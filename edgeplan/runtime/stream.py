@@ -397,6 +397,22 @@ def load_plans(rev_dir: Path, manifest) -> dict:
         if [w.layer for w in m.plan.weights] != sorted({w.layer for w in m.plan.weights}) or any(
                 not 0 <= s.first_layer <= s.last_layer for s in segs):
             raise BundleVerificationError(f"{where}: {m.name}'s plan is not ordered by layer; refused")
+        _check_layers(segs, m.plan, f"{where}: {m.name}'s plan")
         out[m.name] = (m, segs)
     return out
+
+
+def _check_layers(segs: list[Segment], plan: OverlapPlan, what: str) -> None:
+    """The segments run layers 0..n-1 in turn, and every layer the plan names (a weight's, a read's, a build's)
+    is one of them; else ``BundleVerificationError`` naming what is wrong."""
+    from edgeplan.errors import BundleVerificationError
+
+    n = segs[-1].last_layer + 1 if segs else 0
+    if [s.first_layer for s in segs] != [0, *(s.last_layer + 1 for s in segs[:-1])]:
+        raise BundleVerificationError(f"{what}: its segments do not run its layers in turn from 0; refused")
+    for w in plan.weights:
+        for layer in (w.layer, *(ld.layer for ld in w.loads), *(() if w.build_layer is None else (w.build_layer,))):
+            if not 0 <= layer < n:
+                raise BundleVerificationError(f"{what} names layer {layer}, which its {n} layers do not hold; "
+                                              "refused")
 

@@ -129,7 +129,18 @@ def device(planned, tmp_path_factory):
     return res, {"store": store, "key": key, "trusted": trusted, "bundle": bundle, "params": p, "dest": tmp / "dev"}
 
 
-def test_a_device_pulls_the_streamed_plan_checks_it_and_refuses_a_mismatched_one(device):
+def _doctor_hash(doc):
+    doc["models"][0]["segments"][0]["sha256"] = "0" * 64
+
+
+def _doctor_load(doc):
+    streamed = next(w for w in doc["models"][0]["plan"]["weights"] if w["loads"])
+    streamed["loads"][0]["layer"] = 10**6
+
+
+@pytest.mark.parametrize("doctor, says", [(_doctor_hash, "not a blob of this revision with the hash"),
+                                          (_doctor_load, r"names layer 1000000, which its \d+ layers")])
+def test_a_device_pulls_the_streamed_plan_checks_it_and_refuses_a_mismatched_one(device, doctor, says):
     import dataclasses
     import json
 
@@ -140,18 +151,19 @@ def test_a_device_pulls_the_streamed_plan_checks_it_and_refuses_a_mismatched_one
 
     res, made = device
     assert res.activated and set(stream.load_plans(res.path, read_manifest(res.path))) == {"sq"}
-    # a signed revision whose plan names a segment hash that is not its blob's: refused, the first stays
+    # a signed revision whose plan names a segment hash that is not its blob's, or a layer its segments do not
+    # run: refused, the first stays
     bundle = made["bundle"]
     name = "deployments/sq-solo/plans/flashmem.json"
     doc = json.loads(bundle.blobs[name])
-    doc["models"][0]["segments"][0]["sha256"] = "0" * 64
+    doctor(doc)
     blobs = {**bundle.blobs, name: json.dumps(doc).encode()}
     refs = tuple(BlobRef(n, "application/json" if n.endswith(".json") else "application/octet-stream", len(b),
                          sha256(b)) for n, b in sorted(blobs.items()))
     store, trusted = made["store"], made["trusted"]
     publish(store, dataclasses.replace(bundle, blobs=blobs, refs=refs), made["key"], trusted,
             fleet.load(made["params"]).devices)
-    with pytest.raises(HealthCheckFailed, match="not a blob of this revision with the hash"):
+    with pytest.raises(HealthCheckFailed, match=says):
         pull(store, made["dest"], trusted, device_id="edge-9", accelerator="none")
     assert (made["dest"] / "current").resolve() == res.path.resolve()
 
