@@ -193,6 +193,7 @@ def _stateless_keras(held: list, sig, nchw) -> onnx.ModelProto:
     kept = [i for i in g.input if not i.name.startswith(WEIGHT)]
     del g.input[:]
     g.input.extend(kept)
+    _captures_as_constants(model, call)
     del km, variables, call
     _release_tf_memory()
     model = _fold(_infer_shapes(model))  # kernels and batch-norm constants become plain initializers
@@ -211,6 +212,24 @@ def _stateless_keras(held: list, sig, nchw) -> onnx.ModelProto:
     del model, large
     _release_tf_memory()
     return out
+
+
+def _captures_as_constants(model: onnx.ModelProto, fn) -> None:
+    """Graph inputs that are tensors the converted ``fn`` captured rather than took as arguments become
+    initializers: Keras 3's Normalization keeps its mean and variance as tensors made at build, not as
+    variables (EfficientNet's stem), and tf2onnx leaves such captures as inputs."""
+    import tensorflow as tf
+    from onnx import numpy_helper
+
+    captured = {inner.name: outer for outer, inner in fn.get_concrete_function().graph.captures
+                if outer.dtype != tf.resource}
+    g = model.graph
+    found = [i.name for i in g.input if i.name in captured]
+    for name in found:
+        g.initializer.append(numpy_helper.from_array(captured[name].numpy(), name))
+    kept = [i for i in g.input if i.name not in found]
+    del g.input[:]
+    g.input.extend(kept)
 
 
 def _release_tf_memory() -> None:
@@ -256,6 +275,7 @@ def _from_saved_model(path: Path, input_shape) -> onnx.ModelProto:
         model, _ = tf2onnx.convert.from_function(wrapped, input_signature=sig, opset=OPSET, inputs_as_nchw=nchw)
     except Exception as e:
         raise UnsupportedModelError(f"{path}: tf2onnx could not convert it ({type(e).__name__}: {e}).") from e
+    _captures_as_constants(model, wrapped)
     return model
 
 

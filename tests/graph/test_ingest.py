@@ -123,7 +123,10 @@ def test_keras_file_and_saved_model(tmp_path):
 
     keras.utils.set_random_seed(0)
     inp = keras.Input((16, 16, 3))
-    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(inp)
+    # Keras 3 keeps a Normalization's mean and variance as tensors made at build, not variables: the
+    # conversion captures them (EfficientNet's stem), and they must come out as constants, not inputs
+    h = keras.layers.Normalization(mean=[0.1, -0.2, 0.3], variance=[2.0, 0.5, 1.5])(inp)
+    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(h)
     h = keras.layers.GlobalAveragePooling2D()(h)
     km = keras.Model(inp, keras.layers.Dense(5)(h))
     km.save(tmp_path / "m.keras")
