@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import collections
 import gc
+import math
 import queue
 import random
 import sys
@@ -503,6 +504,28 @@ class Runtime:
         return Instance(tuple(self.models[n].spec.with_rate(rates[n]) for n in self.order), self.plan.cores,
                         self.plan.capacity_bytes)
 
+    def warm_starts(self, rates: dict[str, float]) -> list[tuple[int, ...]]:
+        """Where the online search starts: the partitioning in use, and that of the plan's rate regime nearest
+        ``rates`` (log distance) when the plan has one that names a point of every model (the bundle's
+        regimes are read as untrusted: one that does not fit these models is passed over)."""
+        starts = [tuple(self.points[n] for n in self.order)]
+        names = [m.name for m in self.plan.models]
+        if sorted(names) != sorted(self.order):
+            return starts
+        lasts = [self.models[n].spec.last for n in self.order]
+        fits = []
+        for r in self.plan.regimes:
+            if len(r.points) != len(names) or len(r.rates) != len(names):
+                continue
+            points = tuple(r.points[names.index(n)] for n in self.order)
+            if all(isinstance(p, int) and 0 <= p <= last for p, last in zip(points, lasts)) and all(
+                    isinstance(x, (int, float)) and x > 0 for x in r.rates):
+                gap = sum(abs(math.log(max(rates[n], 1e-9) / r.rates[names.index(n)])) for n in self.order)
+                fits.append((gap, points))
+        if fits:
+            starts.append(min(fits)[1])
+        return starts
+
     def reallocate(self, rates: dict[str, float]) -> bool:
         """The SwapLess allocator at ``rates``; switch when it predicts at least ``hysteresis`` less mean
         latency than the configuration in use. Returns whether it switched."""
@@ -514,7 +537,7 @@ class Runtime:
             return False
         self.allocations += 1
         inst = self.instance(rates)
-        alloc = best(inst, self.plan.variant)
+        alloc = best(inst, self.plan.variant, self.warm_starts(rates))
         if alloc.config is None:
             return False
         now = evaluate(inst, Config(tuple(self.points[n] for n in self.order),

@@ -196,6 +196,27 @@ def test_refined_mostly_optimal():
 
 
 @settings(max_examples=30, deadline=None)
+@given(instances(), st.integers(0, 2**32 - 1))
+def test_refined_warm_starts(inst, seed):
+    """From given starts only (the online case), the search ends no worse than any start and no better than
+    the optimum; a start that is not a partitioning of the models is refused."""
+    import random
+
+    rng = random.Random(seed)
+    starts = [tuple(rng.randint(0, m.last) for m in inst.models) for _ in range(2)]
+    warm = allocate.refined(inst, starts=starts)
+    opt = allocate.exact(inst)
+    for s in starts:
+        tpu = queueing.tpu_state(inst, s)
+        cost, _ = allocate.best_cores(inst, s, tpu) if tpu.feasible else (math.inf, None)
+        start = sum(m.rate * t for m, t in zip(inst.models, tpu.part)) + cost if tpu.feasible else math.inf
+        assert warm.objective <= start * (1 + 1e-9) or not math.isfinite(start)
+    assert warm.objective >= opt.objective * (1 - 1e-9)
+    with pytest.raises(ValueError, match="not a partitioning"):
+        allocate.refined(inst, starts=[tuple(m.last + 1 for m in inst.models)])
+
+
+@settings(max_examples=30, deadline=None)
 @given(instances())
 def test_exact_is_a_lower_bound_of_greedy(inst):
     opt = allocate.exact(inst, "paper")

@@ -118,6 +118,23 @@ def test_reallocation_follows_the_rates(device):
         assert rt.infer(name, x).shape == want.shape
 
 
+def test_online_search_starts_from_the_point_in_use_and_the_nearest_regime(device):
+    """The allocator's warm starts: the partitioning in use, then the plan's rate regime nearest the rates; a
+    regime that does not fit the served models (read from the bundle) is passed over."""
+    from dataclasses import replace
+
+    from edgeplan.plan.swapless.plan import Regime
+
+    with Runtime(device, adapt=False) as rt:
+        name = rt.order[0]
+        last = rt.models[name].last
+        rt.configure({name: last}, {name: 0})
+        rt.plan = replace(rt.plan, regimes=(Regime((1.0,), (0,), (1,), 1.0), Regime((100.0,), (1,), (1,), 1.0),
+                                            Regime((90.0,), (last + 5,), (1,), 1.0)))
+        assert rt.warm_starts({name: 80.0}) == [(last,), (1,)]
+        assert rt.warm_starts({name: 2.0}) == [(last,), (0,)]
+
+
 def test_adapt_loop_runs_the_allocator(device):
     with Runtime(device, adapt=True, window_s=1.0, interval_s=0.2) as rt:
         name = rt.order[0]

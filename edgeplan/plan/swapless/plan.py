@@ -79,11 +79,12 @@ _FIELD_TYPES.update({("SwapLessPlan", "models"): PlannedModel, ("SwapLessPlan", 
                      ("SwapLessPlan", "preload"): Preload})
 
 
-def best(inst: Instance, variant: str = "refined") -> allocate.Allocation:
-    """The exact optimum when the partitionings are few enough, else the refined search."""
+def best(inst: Instance, variant: str = "refined", starts=None) -> allocate.Allocation:
+    """The exact optimum when the partitionings are few enough, else the refined search (from ``starts`` only
+    when given: warm, the online case)."""
     if math.prod(m.last + 1 for m in inst.models) <= EXACT_LIMIT:
         return allocate.exact(inst, variant)
-    return allocate.refined(inst, variant)
+    return allocate.refined(inst, variant, starts=starts)
 
 
 def bottleneck(inst: Instance, variant: str = "refined") -> str:
