@@ -7,8 +7,14 @@ device runtime installs it only for s3:// stores).
 """
 from __future__ import annotations
 
+import os
+
 from edgeplan.store.base import Store
 from edgeplan.store.local import LocalStore
+
+# The reliability harness's fault hook (bench/reliability.py): with this set to N, the process SIGKILLs itself
+# just before its Nth store call (N = 1, 2, ...), every call boundary of a publish or a pull reachable.
+KILL_AT_ENV = "EDGEPLAN_STORE_KILL_AT"
 
 
 def open_store(uri: str, **options) -> Store:
@@ -19,14 +25,21 @@ def open_store(uri: str, **options) -> Store:
     if text.startswith("s3://"):
         from edgeplan.store.s3 import S3Store
 
-        return S3Store.from_uri(text, **options)
-    if text.startswith("file://"):
-        text = text[len("file://"):]
-    elif "://" in text:
-        from edgeplan.errors import StoreError
+        store = S3Store.from_uri(text, **options)
+    else:
+        if text.startswith("file://"):
+            text = text[len("file://"):]
+        elif "://" in text:
+            from edgeplan.errors import StoreError
 
-        raise StoreError(f"store {uri!r}: unknown scheme; use a path, file:///path or s3://bucket/prefix")
-    return LocalStore(text)
+            raise StoreError(f"store {uri!r}: unknown scheme; use a path, file:///path or s3://bucket/prefix")
+        store = LocalStore(text)
+    at = os.environ.get(KILL_AT_ENV)
+    if at:
+        from edgeplan.store.faults import KillAt
+
+        return KillAt(store, int(at))
+    return store
 
 
 __all__ = ["LocalStore", "Store", "open_store"]
