@@ -176,12 +176,13 @@ def publisher(uri: str, endpoint: str | None, bundle, key_path: Path, params: di
     if pid:
         return pid
     try:  # the child: nothing of the parent's store clients, its own store
-        if kill_at is not None:
-            os.environ["EDGEPLAN_STORE_KILL_AT"] = str(kill_at)
         from edgeplan.bundle import keys
         from edgeplan.bundle.publish import publish as publish_bundle
         from edgeplan.profile import fleet
-        from edgeplan.store import faults, open_store
+        from edgeplan.store import KILL_AT_ENV, faults, open_store
+
+        if kill_at is not None:
+            os.environ[KILL_AT_ENV] = str(kill_at)
 
         store = open_store(uri, **({"endpoint_url": endpoint} if endpoint else {}))
         devices = [d for d in fleet.load(params, {DEPLOYMENT}).devices if d.deployment == DEPLOYMENT]

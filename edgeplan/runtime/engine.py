@@ -513,14 +513,15 @@ class Runtime:
         if sorted(names) != sorted(self.order):
             return starts
         lasts = [self.models[n].spec.last for n in self.order]
+        at = [names.index(n) for n in self.order]  # the plan's position of each served model
         fits = []
         for r in self.plan.regimes:
             if len(r.points) != len(names) or len(r.rates) != len(names):
                 continue
-            points = tuple(r.points[names.index(n)] for n in self.order)
+            points, planned = tuple(r.points[i] for i in at), [r.rates[i] for i in at]
             if all(isinstance(p, int) and 0 <= p <= last for p, last in zip(points, lasts)) and all(
-                    isinstance(x, (int, float)) and x > 0 for x in r.rates):
-                gap = sum(abs(math.log(max(rates[n], 1e-9) / r.rates[names.index(n)])) for n in self.order)
+                    isinstance(x, (int, float)) and x > 0 for x in planned):
+                gap = sum(abs(math.log(max(rates[n], 1e-9) / x)) for n, x in zip(self.order, planned))
                 fits.append((gap, points))
         if fits:
             starts.append(min(fits)[1])

@@ -415,4 +415,3 @@ def _check_layers(segs: list[Segment], plan: OverlapPlan, what: str) -> None:
             if not 0 <= layer < n:
                 raise BundleVerificationError(f"{what} names layer {layer}, which its {n} layers do not hold; "
                                               "refused")
-

@@ -83,10 +83,8 @@ class BatchScorer:
         self.cores = k_max = inst.cores
         self.capacity = inst.capacity
         self.refined = variant == "refined"
-        self.use_alpha = use_alpha
         width = max(m.last for m in models) + 1
-        self.last = np.array([m.last for m in models])
-        self.rate = np.array([m.rate for m in models], dtype=float)
+        last = np.array([m.last for m in models])
         refined = self.refined
         names = ("io", "t_load", "footprint", *(("tpu_mean", "tpu_var", "cpu_mean", "cpu_scv") if refined else
                                                 ("s_tpu", "s_cpu")))
@@ -102,16 +100,16 @@ class BatchScorer:
         # under Poisson arrivals, inf when k = 0 or unstable; without a suffix (p = P) 0 for k = 0 and inf
         # otherwise. spread[k, i, p]: lambda_i c_s^2 (W_M/M/k - W_M/D/k), what the service's spread adds.
         # The formulas are queueing's, for every k at once.
-        lam = self.rate[:, None]
+        lam = np.array([m.rate for m in models], dtype=float)[:, None]
         points = np.arange(width)[None, :]
-        suffix = points < self.last[:, None]
+        suffix = points < last[:, None]
         busy = suffix & (lam > 0) & (s_cpu > 0)
         ks = np.arange(1, k_max + 1)[:, None, None]
         stable = lam * s_cpu < ks  # (k, n, width)
         ok = busy & stable
         safe = np.where(busy, s_cpu, 1.0)
         wait = np.full((k_max + 1, n, width), np.inf)
-        wait[0] = np.where(points == self.last[:, None], 0.0, np.inf)
+        wait[0] = np.where(points == last[:, None], 0.0, np.inf)
         spread = np.zeros((k_max + 1, n, width))
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             if refined:
@@ -127,7 +125,7 @@ class BatchScorer:
         base = s_tpu + io if refined else s_tpu  # the TPU's service without a reload
         with np.errstate(invalid="ignore"):  # an unusable prefix (s_tpu inf) gives nan: never stable, never chosen
             miss2 = (t_load + base) ** 2 - base**2
-        self.fields = np.concatenate([np.stack([
+        fields = np.concatenate([np.stack([
             on * lam,  # RATE_ON: lambda_i when the model has a prefix
             base,
             base**2 + var_tpu,  # BASE2: its second moment
@@ -139,7 +137,7 @@ class BatchScorer:
             suffix,  # SUFFIX: 1 where the model keeps a CPU suffix
         ]), wait, spread])  # (field, model, point)
         self.k1 = k_max + 1
-        self.flat = self.fields.reshape(len(self.fields), n * width)  # model i's point p at i * width + p
+        self.flat = fields.reshape(len(fields), n * width)  # model i's point p at i * width + p
         self.offsets = (np.arange(n) * width)[:, None]
         self.dp_from, self.with_self, self.outside, self.moebius = _structure(n, k_max)
         # whether any partitioning can overflow the cache: else alpha is 0 everywhere and never computed
