@@ -130,7 +130,9 @@ def test_online_search_starts_from_the_point_in_use_and_the_nearest_regime(devic
         last = rt.models[name].last
         rt.configure({name: last}, {name: 0})
         rt.plan = replace(rt.plan, regimes=(Regime((1.0,), (0,), (1,), 1.0), Regime((100.0,), (1,), (1,), 1.0),
-                                            Regime((90.0,), (last + 5,), (1,), 1.0)))
+                                            Regime((90.0,), (last + 5,), (1,), 1.0),
+                                            Regime((-80.0,), (0,), (1,), 1.0), Regime((80.0,), ("1",), (1,), 1.0),
+                                            Regime((80.0, 80.0), (0, 0), (1, 1), 1.0)))
         assert rt.warm_starts({name: 80.0}) == [(last,), (1,)]
         assert rt.warm_starts({name: 2.0}) == [(last,), (0,)]
 
