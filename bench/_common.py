@@ -54,7 +54,7 @@ def publish(name: str, result: dict, plot, keys: tuple[str, ...]) -> Path:
     path = write(name, result)
     plot(result, RESULTS / f"{name}.png")
     print(f"[bench] wrote {path}")
-    print({k: result[k] for k in keys})
+    print({k: result[k] for k in keys if k in result})
     return path
 
 

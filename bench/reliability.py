@@ -6,7 +6,7 @@ content B (tiny_cnn and spatial_chain, so that B brings blobs A lacks). Each tri
 the publisher in its own process (forked from this one after the bundles are built: ``bundle.publish.publish``
 on a store the child opens), over a fresh store (key prefix) that is either empty ("first": B is the first
 revision) or holds A as revision 1 ("next": B becomes revision 2). The publisher is SIGKILLed
-- at a call boundary: just before its Nth store call (the store layer's fault hook, ``EDGEPLAN_STORE_KILL_AT``),
+- at a call boundary: just before its Nth store call (the store layer's fault hook, ``EDGEPLAN_KILL_AT``),
   for every N from 1 to the calls a whole publish makes; or
 - at a uniformly random time in [0, the publish's measured duration], the rest of the trials.
 Then the promise is judged without edgeplan's own reading code (plain file reads or boto3, the ed25519
@@ -16,23 +16,31 @@ signatures checked with ``cryptography`` over the canonical JSON, every blob has
 - a rerun (not killed) completes, ``latest`` names B, and it uploads exactly the bytes the store lacked
   before it (counted by the judge: the distinct blobs of B that were missing).
 
+Campaign 2, kill-anywhere pull and activation, and a full disk mid-pull: bench/_pull_kills.py (its docstring
+says how trials run and are judged). Campaign 3, bundle fuzzing: bench/_bundle_fuzz.py.
+
 Keys: publish_kill_trials (trials over both stores), publish_kill_violations (trials that broke a promise, each
 listed with its seed and what broke), and per store: trials, violations, boundary and random-time trials, the
-store calls of one publish, its duration.
+store calls of one publish, its duration; pull_kill_trials, pull_kill_violations, disk_full_trials,
+disk_full_violations (with every trial under "pull" and "disk_full"); bundle_mutations,
+bundle_accepted_mutations, bundle_tracebacks, bundle_unexpected_failures (refusals by the CLI's last-resort
+handler: a bug said in one line), bundle_violations (with every mutation under "bundle").
 
-`--trials N` random-time trials per store and kind (default 70: with the boundary trials, over 200 per store);
-`--quick` 3 (the test suite runs a subset through ``run_trials``).
+`--trials N` random-time publish kills per store and kind (default 70: with the boundary trials, over 200 per
+store); `--pull-trials` random-time pull kills per kind (default 60, beside ~400 step boundaries);
+`--disk-trials` full-disk pulls per kind (default 12); `--mutations` (default 1000); `--quick` a few of each
+(the test suite runs subsets through ``run_trials``, ``run_pull_trials``, ``run_disk_full``, ``run_fuzz``).
+`--campaigns publish,pull,bundle` runs some and keeps the others' figures from the results file.
 """
 from __future__ import annotations
 
 import argparse
-import base64
 import hashlib
 import json
 import os
 import random
+import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,58 +48,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine, publish, pyplot
-
-REPO = Path(__file__).resolve().parents[1]
-EDGEPLAN = [sys.executable, "-m", "edgeplan.cli"]
-DEPLOYMENT = "solo"
-CLASS = "coral-usb-emulated"
-DEVICE = "edge-7"
-
-
-# ---------------------------------------------------------------------------------------------- the deployment
-def _run(cmd: list[str], env: dict) -> None:
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
-        raise RuntimeError(f"{' '.join(cmd[3:6])} failed: {' | '.join(tail)}")
-
-
-def _params(models: list[str]) -> dict:
-    from edgeplan.pipeline import params as params_mod
-
-    p = params_mod.load(None)
-    p["deployments"] = [{"name": DEPLOYMENT, "device_class": CLASS,
-                         "models": [{"name": m, "version": "1", "rate": 20.0} for m in models]}]
-    p["fleet"]["devices"] = [{"id": DEVICE, "device_class": CLASS, "deployment": DEPLOYMENT, "work_pool": CLASS}]
-    return p
-
-
-def bundles(work: Path) -> tuple[dict, dict]:
-    """Bundles A and B of deployment ``solo`` (compiled, profiled and planned by the CLI in child processes, so
-    that this process, which forks the publishers, never imports TensorFlow), and the params of B."""
-    import yaml
-
-    from edgeplan.bundle.build import build
-
-    arts = work / "artifacts"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    for zoo in ("tiny_cnn", "spatial_chain"):
-        d = arts / zoo / "1"
-        if not (d / "verify.json").is_file():
-            _run([*EDGEPLAN, "compile", f"zoo:{zoo}", "--name", zoo, "--version", "1", "--out", str(arts)], env)
-        if not (d / "profiles" / f"{CLASS}.json").is_file():
-            _run([*EDGEPLAN, "profile", "run", str(d), "--device-class", CLASS, "--repeats", "3", "--budget-s", "1"],
-                 env)
-    out = {}
-    for label, models in (("A", ["tiny_cnn"]), ("B", ["tiny_cnn", "spatial_chain"])):
-        p = _params(models)
-        path = work / f"params_{label}.yaml"
-        path.write_text(yaml.safe_dump(p))
-        _run([*EDGEPLAN, "--params", str(path), "plan", "swapless", "--deployment", DEPLOYMENT, "--out", str(arts)],
-             env)
-        out[label] = build(arts, DEPLOYMENT, p)
-    return out, _params(["tiny_cnn", "spatial_chain"])
+from _common import RESULTS, machine, publish, pyplot
+from _faults import DEPLOYMENT, REPO, bundles, publisher, signed, wait
 
 
 # ---------------------------------------------------------------------------------------------- the judge
@@ -118,19 +76,6 @@ class Reader:
             return None
 
 
-def _signed(doc: dict, public) -> bool:
-    """The ed25519 signature over the canonical JSON (sorted keys, no whitespace) of ``doc`` without it."""
-    from cryptography.exceptions import InvalidSignature
-
-    rest = {k: v for k, v in doc.items() if k != "signature"}
-    payload = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-    try:
-        public.verify(base64.b64decode(doc["signature"]), payload)
-    except (InvalidSignature, KeyError, ValueError, TypeError):
-        return False
-    return True
-
-
 def judge(reader: Reader, public) -> tuple[int | None, list[str]]:
     """(revision ``latest`` names or None when absent, what is wrong with it)."""
     raw = reader.get(f"deployments/{DEPLOYMENT}/latest")
@@ -140,7 +85,7 @@ def judge(reader: Reader, public) -> tuple[int | None, list[str]]:
         latest = json.loads(raw)
     except ValueError:
         return -1, ["latest is not JSON"]
-    if not _signed(latest, public):
+    if not signed(latest, public):
         return -1, ["latest's signature does not verify"]
     rev = latest.get("revision")
     mraw = reader.get(f"deployments/{DEPLOYMENT}/{rev}/manifest.json")
@@ -149,7 +94,7 @@ def judge(reader: Reader, public) -> tuple[int | None, list[str]]:
     if hashlib.sha256(mraw).hexdigest() != latest.get("manifest_sha256"):
         return rev, [f"revision {rev}'s manifest is not the one latest names"]
     manifest = json.loads(mraw)
-    if not _signed(manifest, public):
+    if not signed(manifest, public):
         return rev, [f"revision {rev}'s manifest signature does not verify"]
     wrong = []
     for b in manifest.get("blobs", []):
@@ -167,46 +112,6 @@ def missing_bytes(reader: Reader, bundle) -> int:
                if reader.get(f"blobs/sha256/{r.sha256}") is None)
 
 
-# ---------------------------------------------------------------------------------------------- the publisher
-def publisher(uri: str, endpoint: str | None, bundle, key_path: Path, params: dict, kill_at: int | None,
-              report: Path) -> int:
-    """Fork a publisher of ``bundle`` to ``uri``; its pid. It writes its result (and its store calls) to
-    ``report`` when it finishes."""
-    pid = os.fork()
-    if pid:
-        return pid
-    try:  # the child: nothing of the parent's store clients, its own store
-        from edgeplan.bundle import keys
-        from edgeplan.bundle.publish import publish as publish_bundle
-        from edgeplan.profile import fleet
-        from edgeplan.store import KILL_AT_ENV, faults, open_store
-
-        if kill_at is not None:
-            os.environ[KILL_AT_ENV] = str(kill_at)
-
-        store = open_store(uri, **({"endpoint_url": endpoint} if endpoint else {}))
-        devices = [d for d in fleet.load(params, {DEPLOYMENT}).devices if d.deployment == DEPLOYMENT]
-        r = publish_bundle(store, bundle, keys.load_signing_key(key_path), devices=devices)
-        report.write_text(json.dumps({"revision": r.revision, "uploaded_bytes": r.uploaded_bytes,
-                                      "calls": faults.calls()}))
-        os._exit(0)
-    except BaseException as e:  # noqa: BLE001 (a forked child must never return into the harness) say why, go
-        report.write_text(json.dumps({"error": f"{type(e).__name__}: {e}"}))
-        os._exit(1)
-
-
-def _wait(pid: int, limit_s: float = 120.0) -> int:
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        time.sleep(0.002)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    raise RuntimeError(f"publisher {pid} did not finish in {limit_s:.0f} s")
-
-
 def run_trials(store_kind: str, base_uri: str, endpoint: str | None, bundles_: dict, key_path: Path,
                public, params: dict, trials: int, seed: int, work: Path, kinds=("first", "next")) -> dict:
     """Every call boundary of a first and of a next publish, then ``trials`` random-time kills of each kind
@@ -218,7 +123,7 @@ def run_trials(store_kind: str, base_uri: str, endpoint: str | None, bundles_: d
         counter[0] += 1
         uri = f"{base_uri}/t{counter[0]:05d}" if store_kind == "s3" else str(Path(base_uri) / f"t{counter[0]:05d}")
         if kind == "next":
-            status = _wait(publisher(uri, endpoint, bundles_["A"], key_path, params, None, work / "report.json"))
+            status = wait(publisher(uri, endpoint, bundles_["A"], key_path, params, None, work / "report.json"))
             if status != 0:
                 raise RuntimeError(f"publishing A to {uri} failed: {(work / 'report.json').read_text()}")
         return uri
@@ -231,7 +136,7 @@ def run_trials(store_kind: str, base_uri: str, endpoint: str | None, bundles_: d
         if after_s is not None:
             time.sleep(max(0.0, after_s - (time.perf_counter() - t0)))
             os.kill(pid, signal.SIGKILL)
-        status = _wait(pid)
+        status = wait(pid)
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
             return {**json.loads(report.read_text()), "seconds": time.perf_counter() - t0}
         return None
@@ -282,17 +187,28 @@ def run_trials(store_kind: str, base_uri: str, endpoint: str | None, bundles_: d
 
 
 # ---------------------------------------------------------------------------------------------- main
+CAMPAIGNS = ("publish", "pull", "bundle")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, help="random-time trials per store and kind (default 70; --quick 3)")
+    ap.add_argument("--pull-trials", type=int, help="random-time pull kills per kind (default 60; --quick 3)")
+    ap.add_argument("--disk-trials", type=int, help="full-disk pulls per kind (default 12; --quick 3)")
+    ap.add_argument("--mutations", type=int, help="bundle mutations (default 1000; --quick 30)")
     ap.add_argument("--quick", action="store_true", help="3 random-time trials per store and kind")
+    ap.add_argument("--campaigns", default=",".join(CAMPAIGNS),
+                    help=f"comma-separated, of {', '.join(CAMPAIGNS)} (default all); the others' figures are kept "
+                         "from the results file")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--work", type=Path, default=REPO / ".edgeplan" / "bench" / "reliability",
                     help="compiled models are kept here between runs")
     args = ap.parse_args()
-    trials = args.trials if args.trials is not None else (3 if args.quick else 70)
+    chosen = [c.strip() for c in args.campaigns.split(",") if c.strip()]
+    if unknown := sorted(set(chosen) - set(CAMPAIGNS)):
+        ap.error(f"unknown campaign(s) {', '.join(unknown)}; choose from {', '.join(CAMPAIGNS)}")
+    quick = 3 if args.quick else None
     from edgeplan.bundle import keys
-    from edgeplan.store.moto_server import moto_server
 
     args.work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -302,46 +218,102 @@ def main() -> int:
         keys.generate(key_dir)
     key_path = next(key_dir.glob("*.key"))
     public = keys.load_signing_key(key_path).public
-    result: dict = {"machine": machine(), "quick": args.quick, "seed": args.seed, "stores": {}}
+    old = RESULTS / "reliability.json"
+    result = json.loads(old.read_text()) if set(chosen) != set(CAMPAIGNS) and old.is_file() else {}
+    result.update({"machine": machine(), "quick": args.quick, "seed": args.seed})
     scratch = Path(tempfile.mkdtemp(prefix="edgeplan-reliability-"))
     try:
-        print("[reliability] publish kills, local store ...", flush=True)
-        result["stores"]["local"] = run_trials("local", str(scratch / "store"), None, built, key_path, public,
-                                               params, trials, args.seed, scratch)
-        print("[reliability] publish kills, S3 (moto server) ...", flush=True)
-        with moto_server(log=scratch / "moto.log") as server:
-            result["stores"]["s3"] = run_trials("s3", "s3://edgeplan/reliability", server.url, built, key_path,
-                                                public, params, trials, args.seed + 1, scratch)
-    finally:
-        import shutil
+        if "publish" in chosen:
+            trials = args.trials if args.trials is not None else (quick or 70)
+            result.update(publish_campaign(built, key_path, public, params, trials, args.seed, scratch))
+        if "pull" in chosen or "bundle" in chosen:
+            import _pull_kills
 
+            setup = _pull_kills.prepare(scratch, built, key_path, params, public)
+        if "pull" in chosen:
+            result.update(pull_campaign(setup, args, quick, scratch))
+        if "bundle" in chosen:
+            result.update(bundle_campaign(setup, keys.load_signing_key(key_path).key, args, quick, scratch))
+    finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    stores = result["stores"].values()
-    result["publish_kill_trials"] = sum(s["trials"] for s in stores)
-    result["publish_kill_violations"] = sum(s["violations"] for s in stores)
-    result["publish_kill_violated"] = [v for s in stores for v in s["violated"]]
     result["duration_s"] = time.perf_counter() - t0
-    for name, s in result["stores"].items():
+    publish("reliability", result, plot, ("publish_kill_trials", "publish_kill_violations", "pull_kill_trials",
+                                          "pull_kill_violations", "disk_full_trials", "disk_full_violations",
+                                          "bundle_mutations", "bundle_accepted_mutations", "bundle_tracebacks"))
+    return 0
+
+
+def publish_campaign(built, key_path, public, params, trials, seed, scratch) -> dict:
+    from edgeplan.store.moto_server import moto_server
+
+    out: dict = {"stores": {}}
+    print("[reliability] publish kills, local store ...", flush=True)
+    out["stores"]["local"] = run_trials("local", str(scratch / "store"), None, built, key_path, public, params,
+                                        trials, seed, scratch)
+    print("[reliability] publish kills, S3 (moto server) ...", flush=True)
+    with moto_server(log=scratch / "moto.log") as server:
+        out["stores"]["s3"] = run_trials("s3", "s3://edgeplan/reliability", server.url, built, key_path, public,
+                                         params, trials, seed + 1, scratch)
+    stores = out["stores"].values()
+    for name, s in out["stores"].items():
         print(f"[reliability] {name}: {s['trials']} trials ({s['boundary_trials']} at call boundaries, "
               f"{s['random_trials']} at random times, {s['killed']} killed before finishing), "
               f"{s['violations']} violations", flush=True)
-    publish("reliability", result, plot, ("publish_kill_trials", "publish_kill_violations"))
-    return 0
+    return {**out, "publish_kill_trials": sum(s["trials"] for s in stores),
+            "publish_kill_violations": sum(s["violations"] for s in stores),
+            "publish_kill_violated": [v for s in stores for v in s["violated"]], "publish_commit": machine()["commit"]}
+
+
+def pull_campaign(setup, args, quick, scratch) -> dict:
+    import _pull_kills
+
+    print("[reliability] pull kills ...", flush=True)
+    pull = _pull_kills.run_pull_trials(setup, args.pull_trials if args.pull_trials is not None else (quick or 60),
+                                       args.seed + 2, scratch)
+    print(f"[reliability] pull: {pull['trials']} trials ({pull['boundary_trials']} at step boundaries, "
+          f"{pull['random_trials']} at random times, {pull['killed']} killed), {pull['violations']} violations",
+          flush=True)
+    disk = _pull_kills.run_disk_full(setup, args.disk_trials if args.disk_trials is not None else (quick or 12),
+                                     scratch)
+    print(f"[reliability] full disk: {disk['trials']} trials, {disk.get('failed_pulls', 0)} pulls failed for "
+          f"space, {disk['violations']} violations {disk.get('skipped', '')}", flush=True)
+    return {"pull": pull, "disk_full": disk, "pull_kill_trials": pull["trials"],
+            "pull_kill_violations": pull["violations"], "disk_full_trials": disk["trials"],
+            "disk_full_violations": disk["violations"], "pull_commit": machine()["commit"]}
+
+
+def bundle_campaign(setup, private, args, quick, scratch) -> dict:
+    import _bundle_fuzz
+
+    pristine = json.loads((Path(setup.store) / f"deployments/{DEPLOYMENT}/2/manifest.json").read_bytes())
+    fuzz = _bundle_fuzz.run_fuzz(setup, pristine, private, args.mutations or (30 if quick else 1000),
+                                 args.seed + 3, scratch)
+    print(f"[reliability] bundle fuzzing: {fuzz['mutations']} mutations, {fuzz['refused']} refused, "
+          f"{fuzz['activated_as_published']} activated as published, {fuzz['accepted']} accepted mutated, "
+          f"{fuzz['tracebacks']} tracebacks, {fuzz['unexpected']} unexpected failures; {fuzz['violations']} "
+          "violations", flush=True)
+    return {"bundle": fuzz, "bundle_mutations": fuzz["mutations"], "bundle_accepted_mutations": fuzz["accepted"],
+            "bundle_tracebacks": fuzz["tracebacks"], "bundle_unexpected_failures": fuzz["unexpected"],
+            "bundle_violations": fuzz["violations"], "bundle_commit": machine()["commit"]}
 
 
 def plot(result: dict, path: Path) -> None:
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(result["stores"]), figsize=(6 * len(result["stores"]), 4), squeeze=False)
-    for ax, (name, s) in zip(axes[0], result["stores"].items()):
+    panels = [(name, s) for name, s in result.get("stores", {}).items()] + ([("pull", result["pull"])]
+                                                                            if "pull" in result else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    for ax, (name, s) in zip(axes[0], panels):
+        after = "current_after_kill" if name == "pull" else "latest_after_kill"
         for kind, colour in (("first", "tab:blue"), ("next", "tab:orange")):
             rows = [r for r in s["rows"] if r["kind"] == kind and r["kill"] == "boundary"]
-            ax.scatter([r["at"] for r in rows], [0 if r["latest_after_kill"] is None else r["latest_after_kill"]
-                                                 for r in rows], c=colour, label=f"{kind}: latest after the kill")
+            ax.scatter([r["at"] for r in rows], [0 if r[after] is None else r[after] for r in rows], c=colour,
+                       label=f"{kind}: {after.split('_')[0]} after the kill")
         bad = [r for r in s["rows"] if r["violations"]]
-        ax.set_xlabel("killed before store call N")
-        ax.set_ylabel("revision latest names (0: none)")
+        ax.set_xlabel(f"killed before {'step' if name == 'pull' else 'store call'} N")
+        ax.set_ylabel(f"revision {after.split('_')[0]} names (0: none)")
         ax.set_yticks([0, 1, 2])
-        ax.set_title(f"{name}: {s['trials']} trials, {len(bad)} violations")
+        ax.set_title(f"{'pull' if name == 'pull' else f'publish, {name}'}: {s['trials']} trials, {len(bad)} "
+                     "violations")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

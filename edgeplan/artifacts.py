@@ -104,8 +104,15 @@ class _Record:
 def _from_jsonable(cls: type, data: Any) -> Any:
     if not dataclasses.is_dataclass(cls):
         return data
+    if not isinstance(data, dict):
+        raise TypeError(f"a JSON {type(data).__name__} where a {cls.__name__} object belongs")
+    fields = dataclasses.fields(cls)
+    missing = [f.name for f in fields if f.name not in data and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"{cls.__name__} lacks field{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
     kwargs = {}
-    for name in (f.name for f in dataclasses.fields(cls)):
+    for name in (f.name for f in fields):
         if name not in data:
             continue
         value = data[name]

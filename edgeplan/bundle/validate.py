@@ -136,7 +136,8 @@ def device(doc, where: str) -> dict:
 def manifest(m, where: str, deployment: str | None = None, revision: int | None = None) -> None:
     """Everything a device reads from a manifest before it writes a byte: types; the deployment and revision
     it was reached by; blob names as safe relative paths, unique, none a directory of another, none reserved;
-    sizes and hashes; every name a model, its segments, the plan, profile and self-tests refer to is a blob."""
+    sizes and hashes; every name a model, its segments (int8 and, where an Edge TPU runs the prefix, its Edge
+    TPU prefix), the plan, profile and self-tests refer to is a blob."""
     check_types(m, where)
     component(m.deployment, where, "deployment")
     if deployment is not None and m.deployment != deployment:
@@ -149,6 +150,7 @@ def manifest(m, where: str, deployment: str | None = None, revision: int | None 
         _fail(where, f"lists {len(m.blobs)} blobs (1..{MAX_BLOBS})")
     names: set[str] = set()
     dirs: set[str] = set()
+    sizes: dict[str, int] = {}
     for k, b in enumerate(m.blobs):
         relpath(b.name, where, f"blobs[{k}].name")
         if b.name in RESERVED:
@@ -160,6 +162,8 @@ def manifest(m, where: str, deployment: str | None = None, revision: int | None 
         dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
         integer(b.size, where, f"blobs[{k}].size", 0, MAX_BLOB_BYTES)
         sha256_hex(b.sha256, where, f"blobs[{k}].sha256")
+        if sizes.setdefault(b.sha256, b.size) != b.size:
+            _fail(where, f"blobs[{k}] ({b.name!r}) has the content of another blob but not its size")
     clash = names & dirs
     if clash:
         _fail(where, f"blob {sorted(clash)[0]!r} is both a file and a directory of other blobs")
@@ -188,9 +192,10 @@ def manifest(m, where: str, deployment: str | None = None, revision: int | None 
             _quantization(getattr(e, side), where, f"{at}.{side}")
         base = f"models/{e.name}/{e.version}/segments"
         for p in m.points_carried(e):
-            for role, needed in (("prefix_int8.tflite", p > 0), ("suffix_int8.tflite", p < e.points)):
+            for role, needed in (("prefix_int8.tflite", p > 0), ("prefix_edgetpu.tflite", p > 0),
+                                 ("suffix_int8.tflite", p < e.points)):
                 if needed:
-                    _named(f"{base}/p{p}/{role}", names, where, f"{at} point {p}'s {role.split('_')[0]}")
+                    _named(f"{base}/p{p}/{role}", names, where, f"{at} point {p}'s {role.split('.')[0]}")
     if not m.models:
         _fail(where, "lists no model")
 

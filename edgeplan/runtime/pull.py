@@ -15,6 +15,7 @@ numpy, ai-edge-litert, cryptography and the standard library only (boto3 for s3:
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ from edgeplan.bundle.manifest import Manifest, blob_key, canonical
 from edgeplan.bundle.publish import read_latest, retrying
 from edgeplan.errors import BundleVerificationError, EdgeplanError, StoreKeyNotFound
 from edgeplan.runtime import split
+from edgeplan.store.faults import step
 
 
 class PullRefused(BundleVerificationError):
@@ -102,7 +104,9 @@ def _state(dest: Path) -> dict:
 
 def _write_state(dest: Path, state: dict) -> None:
     tmp = dest / "state.json.tmp"
+    step("write state.json.tmp")
     tmp.write_text(json.dumps(state, indent=2))
+    step("rename state.json")
     tmp.replace(dest / "state.json")
 
 
@@ -111,7 +115,9 @@ def _link(dest: Path, name: str, target: Path) -> None:
     tmp = dest / f".{name}.{os.getpid()}.tmp"
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
+    step(f"symlink {name}")
     tmp.symlink_to(os.path.relpath(target, dest))
+    step(f"rename {name}")
     tmp.replace(dest / name)
 
 
@@ -129,12 +135,28 @@ def active(dest: Path) -> tuple[Path, Manifest] | None:
     return path, read_manifest(path)
 
 
-def pull(store, dest: Path, trusted: dict, *, device_id: str | None = None, deployment: str | None = None,
-         device_class: str | None = None, allow_older: bool = False, accelerator: str | None = None,
-         health_check: bool = True, progress=None) -> PullResult:
-    """Fetch and activate the latest revision of the device's deployment (see the module docstring).
-    Raises (and leaves the active revision as it was) on anything that fails verification."""
+def pull(store, dest: Path, trusted: dict, **options) -> PullResult:
+    """Fetch and activate the latest revision of the device's deployment (see the module docstring); options:
+    device_id, deployment, device_class, allow_older, accelerator, health_check, progress. Raises (and leaves the
+    active revision as it was) on anything that fails verification, and on a full disk or an unwritable
+    ``dest`` with one line (EdgeplanError) that says so."""
     dest = Path(dest)
+    try:
+        return _pull(store, dest, trusted, **options)
+    except OSError as e:  # a full disk, a read-only or vanished dest: the active revision stays
+        try:
+            held = active(dest)
+        except (OSError, ValueError, EdgeplanError):
+            held = None
+        still = f"revision {held[1].revision} of {held[1].deployment} stays active" if held else "nothing is active"
+        hint = "; free space and pull again (what was fetched is kept)" if e.errno in (errno.ENOSPC,
+                                                                                        errno.EDQUOT) else ""
+        raise EdgeplanError(f"{e.filename or dest}: {e.strerror or e} while pulling; {still}{hint}") from None
+
+
+def _pull(store, dest: Path, trusted: dict, *, device_id: str | None = None, deployment: str | None = None,
+          device_class: str | None = None, allow_older: bool = False, accelerator: str | None = None,
+          health_check: bool = True, progress=None) -> PullResult:
     if not trusted:
         raise BundleVerificationError("no trusted public keys: a device verifies every revision it runs "
                                       "(--trusted DIR or FILE.pub)")
@@ -169,12 +191,20 @@ def pull(store, dest: Path, trusted: dict, *, device_id: str | None = None, depl
                           "(`edgeplan-runtime rollback` or pull --allow-older to go back on purpose)")
     if current is not None and current[1].deployment == deployment and current[1].revision == manifest.revision:
         return PullResult(deployment, manifest.revision, manifest.revision, False, len(refs), 0, 0, current[0])
+    return _activate(store, dest, latest, manifest, refs, share, current, state, health_check, progress)
+
+
+def _activate(store, dest: Path, latest, manifest: Manifest, refs, share, current, state: dict, health_check: bool,
+              progress) -> PullResult:
+    """Fetch ``refs``, assemble and health-check the revision in staging, record it in the state (the
+    anti-rollback floor never lags the active revision), then make it ``current``."""
+    deployment = manifest.deployment
     fetched, moved = 0, 0
     for ref in {b.sha256: b for b in refs}.values():  # equal files are one blob
         path = dest / blob_key(ref.sha256)
         held = path.is_file()
         n = retrying(f"fetch {ref.name}", lambda ref=ref, path=path: store.download(
-            blob_key(ref.sha256), path, sha256=ref.sha256, progress=progress))
+            blob_key(ref.sha256), path, sha256=ref.sha256, size=ref.size, progress=progress))
         fetched += 1 if n or not held else 0  # a held blob whose bytes went bad is fetched again
         moved += n
     rev_dir = dest / "revisions" / deployment / str(manifest.revision)
@@ -182,6 +212,7 @@ def pull(store, dest: Path, trusted: dict, *, device_id: str | None = None, depl
     if share is not None:
         split.write(staging, share)
     if health_check:
+        step("health check")
         try:
             check(staging, manifest, share)
         except Exception as e:  # of any type: nothing unchecked becomes current
@@ -193,17 +224,19 @@ def pull(store, dest: Path, trusted: dict, *, device_id: str | None = None, depl
     if rev_dir.exists():  # the same revision pulled before (e.g. the rollback target): replaced whole
         old = rev_dir.with_name(f".{manifest.revision}.old")
         shutil.rmtree(old, ignore_errors=True)
+        step("move the old revision directory aside")
         rev_dir.rename(old)
         shutil.rmtree(old, ignore_errors=True)
+    step("rename staging")
     staging.rename(rev_dir)
+    state["highest"][deployment] = max(state["highest"].get(deployment, 0), manifest.revision)
+    state.setdefault("history", []).append({"deployment": deployment, "revision": manifest.revision,
+                                            "activated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    _write_state(dest, state)
     previous = current[0] if current is not None else None
     if previous is not None:
         _link(dest, "previous", previous)
     _link(dest, "current", rev_dir)
-    state["highest"][deployment] = max(highest, manifest.revision)
-    state.setdefault("history", []).append({"deployment": deployment, "revision": manifest.revision,
-                                            "activated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    _write_state(dest, state)
     return PullResult(deployment, manifest.revision, current[1].revision if current else None, True,
                       len(refs), fetched, moved, rev_dir)
 
@@ -218,7 +251,7 @@ def _share(store, dest: Path, manifest: Manifest, device_id: str | None, progres
     ref = manifest.blob(f"{split_dir}/tables.json")
     path = dest / blob_key(ref.sha256)
     retrying(f"fetch {ref.name}", lambda: store.download(blob_key(ref.sha256), path, sha256=ref.sha256,
-                                                         progress=progress))
+                                                         size=ref.size, progress=progress))
     tables = split.tables_of(path.read_bytes(), manifest, planner, split_dir)
     share = split.share_of(planner, split_dir, tables, device_id)
     if not share.ranks:
@@ -238,8 +271,11 @@ def _assemble(dest: Path, rev_dir: Path, latest, manifest: Manifest, refs) -> Pa
         for ref in refs:
             target = staging / ref.name
             target.parent.mkdir(parents=True, exist_ok=True)
+            step(f"link {ref.name}")
             os.link(dest / blob_key(ref.sha256), target)
+        step("write manifest.json")
         (staging / "manifest.json").write_text(json.dumps(manifest.to_json(), indent=2))
+        step("write latest")
         (staging / "latest").write_bytes(latest.encoded())
     except OSError as e:
         shutil.rmtree(staging, ignore_errors=True)

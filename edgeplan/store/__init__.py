@@ -12,9 +12,10 @@ import os
 from edgeplan.store.base import Store
 from edgeplan.store.local import LocalStore
 
-# The reliability harness's fault hook (bench/reliability.py): with this set to N, the process SIGKILLs itself
-# just before its Nth store call (N = 1, 2, ...), every call boundary of a publish or a pull reachable.
-KILL_AT_ENV = "EDGEPLAN_STORE_KILL_AT"
+# The reliability harness's fault hook (bench/reliability.py, store/faults.py): with this set to N, the process
+# SIGKILLs itself just before its Nth step (a store call or a marked step of a pull; N = 1, 2, ...).
+KILL_AT_ENV = "EDGEPLAN_KILL_AT"
+TRACE_ENV = "EDGEPLAN_FAULT_TRACE"  # with this set to FILE, each step appends its label there
 
 
 def open_store(uri: str, **options) -> Store:
@@ -34,11 +35,10 @@ def open_store(uri: str, **options) -> Store:
 
             raise StoreError(f"store {uri!r}: unknown scheme; use a path, file:///path or s3://bucket/prefix")
         store = LocalStore(text)
-    at = os.environ.get(KILL_AT_ENV)
-    if at:
+    if os.environ.get(KILL_AT_ENV) or os.environ.get(TRACE_ENV):
         from edgeplan.store.faults import KillAt
 
-        return KillAt(store, int(at))
+        return KillAt(store)
     return store
 
 

@@ -51,20 +51,28 @@ class Store(ABC):
     def put_file(self, key: str, path: Path, *, if_absent: bool = False) -> bool:
         return self.put(key, Path(path).read_bytes(), if_absent=if_absent)
 
-    def download(self, key: str, dest: Path, *, sha256: str | None = None, progress=None) -> int:
+    def download(self, key: str, dest: Path, *, sha256: str | None = None, size: int | None = None,
+                 progress=None) -> int:
         """Fetch ``key`` into ``dest``, resuming a partial ``dest.part`` left by an interrupted download;
-        with ``sha256`` the result is checked before it is moved into place. Returns the bytes transferred
-        now (0 when ``dest`` already holds the object)."""
+        with ``sha256`` the result is checked before it is moved into place; with ``size`` an object of
+        another size is refused before a byte is fetched (and a held ``dest`` of another size too). Returns
+        the bytes transferred now (0 when ``dest`` already holds the object)."""
         from edgeplan.errors import BundleVerificationError
 
         dest = Path(dest)
         if dest.is_file() and (sha256 is None or file_sha256(dest) == sha256):
+            if size is not None and dest.stat().st_size != size:
+                raise BundleVerificationError(f"{self.uri}/{key}: the manifest says {size} bytes; its content (sha256 "
+                                              f"{sha256}) has {dest.stat().st_size}; refused")
             return 0
         total = self.size(key)
         if total is None:
             from edgeplan.errors import StoreKeyNotFound
 
             raise StoreKeyNotFound(f"{self.uri}: no object {key!r}")
+        if size is not None and total != size:
+            raise BundleVerificationError(f"{self.uri}/{key}: {total} bytes in the store; the manifest says {size}; "
+                                          "refused before fetching")
         part = dest.with_name(dest.name + ".part")
         part.parent.mkdir(parents=True, exist_ok=True)
         have = part.stat().st_size if part.is_file() else 0

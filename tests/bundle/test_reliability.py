@@ -53,7 +53,95 @@ def test_the_fault_hook_kills_before_the_nth_store_call(tmp_path):
             f"s = open_store({str(tmp_path / 'store')!r})\n"
             "for i in range(5):\n"
             "    s.put(f'k{i}', b'x')\n")
-    env = {**os.environ, "EDGEPLAN_STORE_KILL_AT": "3"}
+    env = {**os.environ, "EDGEPLAN_KILL_AT": "3"}
     res = subprocess.run([sys.executable, "-c", code], env=env, check=False)
     assert res.returncode == -signal.SIGKILL
     assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["k0", "k1"]
+
+
+# ---------------------------------------------------------------------------------------------- pulls
+@pytest.fixture(scope="module")
+def device(campaign, deployment_root, tmp_path_factory):
+    """A local store holding revision 1 (tiny_cnn planned at another rate: another plan blob) and revision 2,
+    and a device directory template with revision 1 active (bench/_pull_kills.prepare)."""
+    import copy
+    import shutil
+
+    import _pull_kills
+
+    from edgeplan.pipeline.planning import plan_swapless
+
+    _, bundles, key_path, params = campaign
+    root, _ = deployment_root
+    root_a = tmp_path_factory.mktemp("bundle-a")
+    shutil.copytree(root, root_a, dirs_exist_ok=True)
+    params_a = copy.deepcopy(params)
+    params_a["deployments"][0]["models"][0]["rate"] = 10.0
+    plan_swapless(root_a, "solo", params_a)
+    built = {"A": build(root_a, "solo", params_a), "B": bundles["B"]}
+    work = tmp_path_factory.mktemp("pull-campaign")
+    return _pull_kills.prepare(work, built, key_path, params, keys.load_signing_key(key_path).public), work
+
+
+def test_a_killed_pull_leaves_a_verified_revision_that_serves_and_the_next_pull_finishes(device):
+    import _pull_kills
+
+    setup, work = device
+    r = _pull_kills.run_pull_trials(setup, trials=2, seed=7, work=work, kinds=("next",), stride=12)
+    assert r["violations"] == 0, r["violated"]
+    labels = r["pull"]["next"]["step_labels"]
+    killed_at = {labels[row["at"] - 1] for row in r["rows"] if row["kill"] == "boundary"}
+    assert {"health check", "rename staging", "write state.json.tmp", "symlink current", "rename current"} <= killed_at
+    # the switch to revision 2 is a pull's last step: killed before any step, revision 1 stays active
+    assert {row["current_after_kill"] for row in r["rows"]} == {1} and labels[-1] == "rename current"
+
+
+def test_the_anti_rollback_floor_never_lags_the_active_revision(device):
+    """Regression (reliability campaign 2, seed 2028, boundary trials 169-170 and 231-232 of 406): a pull killed
+    after `current` switched but before state.json was written left revision 2 active with the floor at 1, and
+    the rerun, finding 2 active, never wrote it. The state is now written before the switch."""
+    import shutil
+
+    import _pull_kills
+
+    setup, work = device
+    trace = work / "trace.txt"
+    trace.unlink(missing_ok=True)
+    dest = work / "device"
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(setup.template, dest, symlinks=True)
+    assert _pull_kills._pull(setup, dest, trace=trace)["rc"] == 0
+    labels = trace.read_text().splitlines()
+    for n in range(labels.index("rename staging") + 1, len(labels) + 1):
+        shutil.rmtree(dest)
+        shutil.copytree(setup.template, dest, symlinks=True)
+        assert _pull_kills._pull(setup, dest, kill_at=n)["rc"] == -signal.SIGKILL
+        rev, _, wrong = _pull_kills.judge(dest, setup.public)
+        assert not wrong and _pull_kills._highest(dest) >= rev, (labels[n - 1], rev, _pull_kills._highest(dest))
+        assert _pull_kills.after_rerun(setup, dest) == [], labels[n - 1]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_fails_the_pull_in_one_line_and_keeps_the_active_revision(device):
+    import _pull_kills
+
+    setup, work = device
+    r = _pull_kills.run_disk_full(setup, 3, work, kinds=("next",))
+    assert r["trials"] == 3 and r["violations"] == 0, r["violated"]
+    failed = [row for row in r["rows"] if row["pull_exit"] != 0]
+    assert failed and all("No space left on device" in row["message"] and "revision 1 of solo stays active"
+                          in row["message"] for row in failed)
+
+
+def test_mutated_bundles_are_refused_in_one_line_and_never_activated(device):
+    import json
+
+    import _bundle_fuzz
+
+    setup, work = device
+    pristine = json.loads((Path(setup.store) / "deployments/solo/2/manifest.json").read_bytes())
+    private = keys.load_signing_key(next(Path(setup.trusted).parent.glob("*.key"))).key
+    r = _bundle_fuzz.run_fuzz(setup, pristine, private, 40, seed=11, work=work)
+    assert r["mutations"] == 40 and r["violations"] == 0, r["violated"]
+    assert r["accepted"] == 0 and r["tracebacks"] == 0 and r["unexpected"] == 0
+    assert r["refused"] >= 30

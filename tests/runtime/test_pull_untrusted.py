@@ -72,6 +72,13 @@ def test_signed_manifest_with_an_unsafe_blob_name_is_refused_before_anything_is_
     (lambda m: dataclasses.replace(m, plan="deployments/solo/plans/elsewhere.json"), "plan"),
     (lambda m: dataclasses.replace(m, blobs=tuple(b for b in m.blobs if not b.name.endswith("p1/suffix_int8.tflite"))),
      "suffix"),
+    # found by bundle fuzzing (bench/reliability.py campaign 3, seed 2029): accepted before
+    (lambda m: dataclasses.replace(m, blobs=tuple(b for b in m.blobs
+                                                  if not b.name.endswith("p1/prefix_edgetpu.tflite"))), "prefix_edgetpu"),
+    (lambda m: dataclasses.replace(m, blobs=tuple(dataclasses.replace(b, size=b.size + 1) if b.name.endswith(
+        "p1/suffix_int8.tflite") else b for b in m.blobs)), "the manifest says"),
+    (lambda m: dataclasses.replace(m, blobs=tuple(dataclasses.replace(b, size=b.size - 1) if b.name.endswith(
+        "selftest/input_0.npy") else b for b in m.blobs)), "the manifest says"),
 ])
 def test_signed_manifest_with_bad_fields_is_refused(published, tmp_path, change, field):
     dest = tmp_path / "dev"
