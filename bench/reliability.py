@@ -17,20 +17,23 @@ signatures checked with ``cryptography`` over the canonical JSON, every blob has
   before it (counted by the judge: the distinct blobs of B that were missing).
 
 Campaign 2, kill-anywhere pull and activation, and a full disk mid-pull: bench/_pull_kills.py (its docstring
-says how trials run and are judged). Campaign 3, bundle fuzzing: bench/_bundle_fuzz.py.
+says how trials run and are judged). Campaign 3, bundle fuzzing: bench/_bundle_fuzz.py. Campaign 5's bad
+requests (not its overload half): bench/_bad_requests.py.
 
 Keys: publish_kill_trials (trials over both stores), publish_kill_violations (trials that broke a promise, each
 listed with its seed and what broke), and per store: trials, violations, boundary and random-time trials, the
 store calls of one publish, its duration; pull_kill_trials, pull_kill_violations, disk_full_trials,
 disk_full_violations (with every trial under "pull" and "disk_full"); bundle_mutations,
 bundle_accepted_mutations, bundle_tracebacks, bundle_unexpected_failures (refusals by the CLI's last-resort
-handler: a bug said in one line), bundle_violations (with every mutation under "bundle").
+handler: a bug said in one line), bundle_violations (with every mutation under "bundle"); bad_requests,
+bad_request_5xx, bad_request_unanswered, bad_request_crashes, bad_request_good_failures,
+bad_request_rss_growth_mb, bad_request_violations (with every request under "requests").
 
 `--trials N` random-time publish kills per store and kind (default 70: with the boundary trials, over 200 per
 store); `--pull-trials` random-time pull kills per kind (default 60, beside ~400 step boundaries);
 `--disk-trials` full-disk pulls per kind (default 12); `--mutations` (default 1000); `--quick` a few of each
 (the test suite runs subsets through ``run_trials``, ``run_pull_trials``, ``run_disk_full``, ``run_fuzz``).
-`--campaigns publish,pull,bundle` runs some and keeps the others' figures from the results file.
+`--bad-requests` (default 400). `--campaigns publish,pull,bundle,requests` runs some and keeps the others' figures from the results file.
 """
 from __future__ import annotations
 
@@ -187,7 +190,7 @@ def run_trials(store_kind: str, base_uri: str, endpoint: str | None, bundles_: d
 
 
 # ---------------------------------------------------------------------------------------------- main
-CAMPAIGNS = ("publish", "pull", "bundle")
+CAMPAIGNS = ("publish", "pull", "bundle", "requests")
 
 
 def main() -> int:
@@ -196,6 +199,7 @@ def main() -> int:
     ap.add_argument("--pull-trials", type=int, help="random-time pull kills per kind (default 60; --quick 3)")
     ap.add_argument("--disk-trials", type=int, help="full-disk pulls per kind (default 12; --quick 3)")
     ap.add_argument("--mutations", type=int, help="bundle mutations (default 1000; --quick 30)")
+    ap.add_argument("--bad-requests", type=int, help="malformed HTTP requests (default 400; --quick 40)")
     ap.add_argument("--quick", action="store_true", help="3 random-time trials per store and kind")
     ap.add_argument("--campaigns", default=",".join(CAMPAIGNS),
                     help=f"comma-separated, of {', '.join(CAMPAIGNS)} (default all); the others' figures are kept "
@@ -226,7 +230,7 @@ def main() -> int:
         if "publish" in chosen:
             trials = args.trials if args.trials is not None else (quick or 70)
             result.update(publish_campaign(built, key_path, public, params, trials, args.seed, scratch))
-        if "pull" in chosen or "bundle" in chosen:
+        if {"pull", "bundle", "requests"} & set(chosen):
             import _pull_kills
 
             setup = _pull_kills.prepare(scratch, built, key_path, params, public)
@@ -234,12 +238,15 @@ def main() -> int:
             result.update(pull_campaign(setup, args, quick, scratch))
         if "bundle" in chosen:
             result.update(bundle_campaign(setup, keys.load_signing_key(key_path).key, args, quick, scratch))
+        if "requests" in chosen:
+            result.update(requests_campaign(setup, args, quick, scratch))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result["duration_s"] = time.perf_counter() - t0
     publish("reliability", result, plot, ("publish_kill_trials", "publish_kill_violations", "pull_kill_trials",
                                           "pull_kill_violations", "disk_full_trials", "disk_full_violations",
-                                          "bundle_mutations", "bundle_accepted_mutations", "bundle_tracebacks"))
+                                          "bundle_mutations", "bundle_accepted_mutations", "bundle_tracebacks",
+                                          "bad_requests", "bad_request_5xx", "bad_request_crashes"))
     return 0
 
 
@@ -295,6 +302,25 @@ def bundle_campaign(setup, private, args, quick, scratch) -> dict:
     return {"bundle": fuzz, "bundle_mutations": fuzz["mutations"], "bundle_accepted_mutations": fuzz["accepted"],
             "bundle_tracebacks": fuzz["tracebacks"], "bundle_unexpected_failures": fuzz["unexpected"],
             "bundle_violations": fuzz["violations"], "bundle_commit": machine()["commit"]}
+
+
+def requests_campaign(setup, args, quick, scratch) -> dict:
+    import _bad_requests
+
+    dest = scratch / "serving"
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(setup.template, dest, symlinks=True)
+    manifest = json.loads((dest / "current" / "manifest.json").read_text())
+    entry = manifest["models"][0]
+    r = _bad_requests.run_bad_requests(dest, setup.env, entry["name"], entry["input"]["float_shape"],
+                                       args.bad_requests or (40 if quick else 400), args.seed + 4, scratch)
+    print(f"[reliability] bad requests: {r['sent']} sent, {r['five_xx']} answered 5xx, {r['unanswered']} "
+          f"unanswered, {r['good_failed']} good requests failed, server {'died' if r['crashed'] else 'alive'}, "
+          f"RSS {r['rss_mb'][0]:.0f} -> {r['rss_mb'][1]:.0f} MB; {r['violations']} violations", flush=True)
+    return {"requests": r, "bad_requests": r["sent"], "bad_request_5xx": r["five_xx"],
+            "bad_request_unanswered": r["unanswered"], "bad_request_crashes": int(r["crashed"]),
+            "bad_request_good_failures": r["good_failed"], "bad_request_rss_growth_mb": r["rss_growth_mb"],
+            "bad_request_violations": r["violations"], "requests_commit": machine()["commit"]}
 
 
 def plot(result: dict, path: Path) -> None:

@@ -171,7 +171,7 @@ def cmd_serve(args) -> int:
     if args.store and not (args.device_id or args.deployment):
         raise EdgeplanError("--store needs --device-id or --deployment (what to pull)")
     rt = _ready(args)
-    server = serve(rt, args.host, args.port)
+    server = serve(rt, args.host, args.port, args.request_timeout)
     how = (f"streamed one request at a time as the FlashMem plan says, mode {args.stream}" if args.stream else
            f"{'EMULATED Edge TPU' if rt.mode == 'emulated' else rt.mode}; points {rt.points}, cores {rt.cores}; "
            f"re-allocation {'on' if rt.adapt else 'off'}"
@@ -378,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("dir", help="the --dest of pull (or a revision directory)")
     sp.add_argument("--host", default="127.0.0.1")
     sp.add_argument("--port", type=int, default=8080, help="0: any free port (printed)")
+    sp.add_argument("--request-timeout", type=float, default=10.0, metavar="S",
+                    help="a request body must arrive within S s, else 408; idle connections close after it (default 10)")
     sp.add_argument("--rate", action="append", type=_rate, metavar="MODEL=RATE", help=argparse.SUPPRESS)
     sp.add_argument("--store", help="also pull from this store every --pull-every s and serve new revisions")
     sp.add_argument("--device-id", help="with --store: this device's id")

@@ -50,8 +50,10 @@ def quantize_input(x: np.ndarray, q: Quantization) -> np.ndarray:
     if tuple(x.shape) != tuple(q.float_shape):
         raise BadRequest(f"input shape {tuple(x.shape)}; the model takes {tuple(q.float_shape)} (float, "
                          f"{'NCHW' if len(q.float_shape) == 4 else 'its layout'})")
-    if not np.issubdtype(x.dtype, np.number):
-        raise BadRequest(f"input dtype {x.dtype}; send numbers (float32)")
+    if not np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.complexfloating):
+        raise BadRequest(f"input dtype {x.dtype}; send real numbers (float32)")
+    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+        raise BadRequest(f"input holds {int(np.sum(~np.isfinite(x)))} NaN or infinite values; send finite numbers")
     info = np.iinfo(np.dtype(q.dtype))
     # one C-ordered float buffer in the int8 layout, divided into from the float layout's transposed view, rounded
     # and clipped in place (bit-equal to round(x / scale + zero) of the converter's reference; an int8 transpose

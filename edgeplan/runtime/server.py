@@ -6,6 +6,13 @@
   when the bounded queue is full, 413 for a body over the limit.
 - ``GET /healthz``: the active revision and current configuration (JSON).
 - ``GET /metrics``: Prometheus text format.
+
+A malformed request gets a 4xx and one JSON line saying why, never a 5xx: 400 for a body that is not a
+finite real array of the model's shape (NaN, infinities, complex or text refused; a ``.npy`` header claiming
+more data than was sent refused before anything is allocated), or a Content-Length that is not a number; 405
+for another method on a known route; 408 when the body does not arrive within ``REQUEST_TIMEOUT_S`` (a slow
+sender holds one thread that long, no longer); 411 for a body without a Content-Length (chunked); 413 over
+``MAX_BODY``.
 """
 from __future__ import annotations
 
@@ -21,15 +28,16 @@ from edgeplan.runtime.model import BadRequest
 
 NPY = "application/x-npy"
 MAX_BODY = 64 << 20
+REQUEST_TIMEOUT_S = 10.0  # a request's body must arrive within this (and an idle keep-alive connection closes)
+MAX_JSON_DEPTH = 64
 
 
 def decode(body: bytes, content_type: str) -> tuple[np.ndarray, str]:
     """A request body -> (array, the format to answer in)."""
     if content_type.startswith((NPY, "application/octet-stream")) or body[:6] == b"\x93NUMPY":
-        try:
-            return np.load(io.BytesIO(body), allow_pickle=False), "npy"
-        except (ValueError, OSError, EOFError) as e:
-            raise BadRequest(f"body is not a .npy array: {e}") from None
+        return _npy(body), "npy"
+    if _depth(body) > MAX_JSON_DEPTH:
+        raise BadRequest(f"JSON nested deeper than {MAX_JSON_DEPTH}")
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -40,8 +48,47 @@ def decode(body: bytes, content_type: str) -> tuple[np.ndarray, str]:
         data = data["input"]
     try:
         return np.asarray(data, dtype=np.float32), "json"
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, OverflowError) as e:
         raise BadRequest(f'"input" is not a rectangular array of numbers: {e}') from None
+
+
+def _npy(body: bytes) -> np.ndarray:
+    """A ``.npy`` body whose header is checked first: a real numeric dtype (no objects, text or complex), and
+    no more data claimed than the body holds (a header is not an allocation the sender chooses)."""
+    from numpy.lib import format as npy
+
+    f = io.BytesIO(body)
+    try:
+        version = npy.read_magic(f)
+        shape, _, dtype = (npy.read_array_header_1_0(f) if version == (1, 0) else npy.read_array_header_2_0(f))
+    except (ValueError, OSError, EOFError, SyntaxError, TypeError) as e:
+        raise BadRequest(f"body is not a .npy array: {e}") from None
+    if dtype.kind not in "iuf" or dtype.hasobject:
+        raise BadRequest(f".npy dtype {dtype}; send real numbers (float32)")
+    count = 1
+    for d in shape:
+        count *= d
+    if count * dtype.itemsize != len(body) - f.tell():
+        raise BadRequest(f".npy header says shape {shape} of {dtype} ({count * dtype.itemsize} bytes); the body "
+                         f"holds {len(body) - f.tell()} after it")
+    try:
+        return np.load(io.BytesIO(body), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise BadRequest(f"body is not a .npy array: {e}") from None
+
+
+def _depth(body: bytes) -> int:
+    """How deep the JSON in ``body`` nests (brackets counted outside strings, roughly: enough to refuse a body
+    that would take the decoder's recursion limit)."""
+    depth = most = 0
+    for c in body.replace(b'\\"', b"").split(b'"')[::2]:  # outside string literals
+        for b in c:
+            if b in (0x5B, 0x7B):
+                depth += 1
+                most = max(most, depth)
+            elif b in (0x5D, 0x7D):
+                depth -= 1
+    return most
 
 
 def encode(y: np.ndarray, fmt: str, extra: dict) -> tuple[bytes, str]:
@@ -69,10 +116,12 @@ class Current:
         refreeze()
 
 
-def make_handler(current: Current):
+def make_handler(current: Current, request_timeout_s: float = REQUEST_TIMEOUT_S):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "edgeplan-runtime"
+        timeout = request_timeout_s  # each read on the connection (an idle keep-alive one closes after it)
+        default_request_version = "HTTP/1.0"  # a line that is not HTTP still gets a status line, not a bare body
 
         def log_message(self, *args):  # quiet: /metrics says what happened
             pass
@@ -98,15 +147,63 @@ def make_handler(current: Current):
             else:
                 self._error(404, f"no route {self.path}; try POST /infer/<model>, GET /healthz, GET /metrics")
 
+        def send_error(self, code, message=None, explain=None):
+            """http.server's own refusals; an HTTP version it does not speak is the sender's mistake (400)."""
+            if code == 505:
+                code, message = 400, f"{self.requestline[:80]!r}: speak HTTP/1.1 or HTTP/1.0"
+            super().send_error(code, message, explain)
+
+        def _refuse(self, code: int, msg: str) -> None:
+            """Answer, and close the connection: what is left of the request on it cannot be trusted."""
+            self.close_connection = True
+            self._error(code, msg, {"Connection": "close"})
+
+        def _not_allowed(self):
+            routes = {"/healthz": "GET", "/metrics": "GET"}
+            allow = routes.get(self.path, "POST" if self.path.startswith("/infer/") else None)
+            if allow is None:
+                self._refuse(404, f"no route {self.path}; POST /infer/<model>, GET /healthz, GET /metrics")
+            else:
+                self.close_connection = True
+                self._error(405, f"{self.command} {self.path}: use {allow}", {"Allow": allow, "Connection": "close"})
+
+        do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_HEAD = _not_allowed
+
+        def _body(self) -> bytes | None:
+            """The request body within the limits, or None after answering 4xx."""
+            if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+                self._refuse(411, "send the body with a Content-Length (chunked transfer is not accepted)")
+                return None
+            text = self.headers.get("Content-Length") or "0"
+            if not text.isdigit():
+                self._refuse(400, f"Content-Length {text[:40]!r} is not a number of bytes")
+                return None
+            length = int(text)
+            if length > MAX_BODY:
+                self._refuse(413, f"body of {length} bytes; the limit is {MAX_BODY}")
+                return None
+            chunks, got, deadline = [], 0, time.monotonic() + request_timeout_s
+            try:
+                while got < length:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError
+                    chunk = self.rfile.read1(min(length - got, 1 << 20))
+                    if not chunk:
+                        self.close_connection = True  # the sender went away: nobody to answer
+                        return None
+                    chunks.append(chunk)
+                    got += len(chunk)
+            except TimeoutError:
+                self._refuse(408, f"{got} of {length} body bytes in {request_timeout_s:g} s; send it faster")
+                return None
+            return b"".join(chunks)
+
         def do_POST(self):
             rt = current.rt
             parts = self.path.strip("/").split("/")
-            length = int(self.headers.get("Content-Length") or 0)
-            if length > MAX_BODY:
-                self._error(413, f"body of {length} bytes; the limit is {MAX_BODY}")
-                self.close_connection = True
+            body = self._body()
+            if body is None:
                 return
-            body = self.rfile.read(length)
             if len(parts) != 2 or parts[0] != "infer":
                 self._error(404, f"no route {self.path}; POST /infer/<model>")
                 return
@@ -133,10 +230,11 @@ def make_handler(current: Current):
     return Handler
 
 
-def serve(rt: Runtime | Current, host: str = "127.0.0.1", port: int = 8080) -> ThreadingHTTPServer:
+def serve(rt: Runtime | Current, host: str = "127.0.0.1", port: int = 8080,
+          request_timeout_s: float = REQUEST_TIMEOUT_S) -> ThreadingHTTPServer:
     """An HTTP server for ``rt`` (not yet serving: call ``serve_forever``); ``server.current`` holds it."""
     current = rt if isinstance(rt, Current) else Current(rt)
-    server = ThreadingHTTPServer((host, port), make_handler(current))
+    server = ThreadingHTTPServer((host, port), make_handler(current, request_timeout_s))
     server.daemon_threads = True
     server.current = current
     return server

@@ -145,3 +145,20 @@ def test_mutated_bundles_are_refused_in_one_line_and_never_activated(device):
     assert r["mutations"] == 40 and r["violations"] == 0, r["violated"]
     assert r["accepted"] == 0 and r["tracebacks"] == 0 and r["unexpected"] == 0
     assert r["refused"] >= 30
+
+
+def test_bad_requests_to_a_real_serve_get_4xx_and_it_stays_up(device):
+    import json
+    import shutil
+
+    import _bad_requests
+
+    setup, work = device
+    dest = work / "serving"
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(setup.template, dest, symlinks=True)
+    entry = json.loads((dest / "current" / "manifest.json").read_text())["models"][0]
+    r = _bad_requests.run_bad_requests(dest, setup.env, entry["name"], entry["input"]["float_shape"], 40, seed=13,
+                                       work=work, slow=2, request_timeout_s=1.0)
+    assert r["sent"] == 42 and r["violations"] == 0, r["violated"]
+    assert r["five_xx"] == 0 and r["unanswered"] == 0 and not r["crashed"] and r["good_failed"] == 0
