@@ -90,7 +90,8 @@ def _pull(s: Setup, dest: Path, kill_at: int | None = None, after_s: float | Non
             time.sleep(0.0005)
         proc.kill()
     proc.wait()
-    return {"rc": proc.rc, "stdout": proc.stdout(), "stderr": proc.stderr(), "seconds": proc.seconds}
+    return {"rc": proc.rc, "stdout": proc.stdout(), "stderr": proc.stderr(), "seconds": proc.seconds,
+            "forked": proc.proc is None}
 
 
 def untidy(stderr: str) -> list[str]:
@@ -235,8 +236,8 @@ def run_pull_trials(s: Setup, trials: int, seed: int, work: Path, kinds=("first"
             res = _pull(s, fresh(kind), trace=trace)
             if res["rc"] != 0:
                 raise RuntimeError(f"an unkilled {kind} pull failed: {res['stderr'].strip()[-300:]}")
-            runs.append((res["seconds"], trace.read_text().splitlines()))
-        full[kind] = {"steps": runs[0][1], "seconds": sorted(r[0] for r in runs)[1]}
+            runs.append((res["seconds"], trace.read_text().splitlines(), res["forked"]))
+        full[kind] = {"steps": runs[0][1], "seconds": sorted(r[0] for r in runs)[1], "forked": runs[0][2]}
     plan = [(kind, "boundary", n) for kind in kinds for n, label in enumerate(full[kind]["steps"], 1)
             if n % stride == 0 or label.split()[0] not in STORE_CALLS]
     plan += [(kind, "random", rng.uniform(0, full[kind]["seconds"])) for kind in kinds for _ in range(trials)]
@@ -260,7 +261,8 @@ def run_pull_trials(s: Setup, trials: int, seed: int, work: Path, kinds=("first"
     return {"trials": len(rows), "violations": len(violations),
             "boundary_trials": sum(r["kill"] == "boundary" for r in rows),
             "random_trials": sum(r["kill"] == "random" for r in rows), "killed": sum(r["killed"] for r in rows),
-            "pull": {k: {"steps": len(v["steps"]), "step_labels": v["steps"], "seconds": v["seconds"]}
+            "pull": {k: {"steps": len(v["steps"]), "step_labels": v["steps"], "seconds": v["seconds"],
+                         "forked": v["forked"]}
                      for k, v in full.items()},
             "violated": violations, "rows": rows}
 

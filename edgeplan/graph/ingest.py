@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import zipfile
 from pathlib import Path
 from typing import Sequence
 
@@ -133,6 +134,9 @@ def _from_keras(path: Path, input_shape) -> onnx.ModelProto:
 
     _bounded_tf2onnx()
 
+    if path.suffix == ".keras" and not zipfile.is_zipfile(path):  # Keras would say "File not found"
+        raise CorruptModelError(f"{path}: not a readable .keras file (a .keras file is a zip archive; this one is "
+                                "not: truncated or damaged?).")
     try:
         km = keras.models.load_model(path, compile=False)
     except Exception as e:
@@ -519,6 +523,7 @@ def canonicalise(
             "edgeplan handles single-input, single-output models."
         )
     _static_input(model, input_shape, source)
+    _screen(model, source)
     # Forget every inferred shape: they are recomputed from the now static input.
     del g.value_info[:]
     for o in g.output:
@@ -540,6 +545,82 @@ def canonicalise(
     except onnx.checker.ValidationError as e:
         raise CorruptModelError(f"{source}: the canonical model does not pass the ONNX checker: {e}") from e
     return model
+
+
+MAX_INPUT_ELEMENTS = 1 << 26  # 64 Mi values (256 MB of float32 per input): far above any edge model's input
+
+
+def _screen(model: onnx.ModelProto, source: str) -> None:
+    """Refuse, naming what and where, what later stages would fail on with a traceback or an abort: an opset
+    newer than this onnx knows, an op ONNX does not define (or of another domain), a node that reads a later
+    node's output (a cycle, or nodes out of order), a float initializer holding NaN or infinities, and an
+    input of more than MAX_INPUT_ELEMENTS values (calibration data is made at its size)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    g = model.graph
+    newest = onnx.defs.onnx_opset_version()
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx") and o.version > newest:
+            raise UnsupportedModelError(f"{source}: opset {o.version}; this onnx reads opsets up to {newest}.")
+    for n in g.node:
+        if n.domain not in ("", "ai.onnx"):
+            raise UnsupportedModelError(f"{source}: node {_shown(n.name)} is op {_shown(n.op_type)} of domain "
+                                        f"{_shown(n.domain)}; "
+                                        "edgeplan converts standard ONNX ops only.")
+        if not onnx.defs.has(n.op_type):
+            raise UnsupportedModelError(f"{source}: node {_shown(n.name)} is op {_shown(n.op_type)}, which ONNX "
+                                        "does not define.")
+    cycle = _cycle(g)
+    if cycle:
+        raise CorruptModelError(f"{source}: the graph has a cycle through node{'s' if len(cycle) > 1 else ''} "
+                                f"{', '.join(_shown(n) for n in cycle[:5])}{' ...' if len(cycle) > 5 else ''}.")
+    for t in g.initializer:
+        if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
+            try:  # raw bytes are read in place: no copy of a big weight
+                a = np.frombuffer(t.raw_data, onnx.helper.tensor_dtype_to_np_dtype(t.data_type)) if t.raw_data \
+                    else numpy_helper.to_array(t).reshape(-1)
+            except ValueError as e:
+                raise CorruptModelError(f"{source}: initializer {_shown(t.name)} does not hold the values its shape "
+                                        f"{list(t.dims)} declares ({e}).") from e
+            bad = sum(int(np.count_nonzero(~np.isfinite(a[i:i + (1 << 22)]))) for i in range(0, a.size, 1 << 22))
+            if bad:
+                raise CorruptModelError(f"{source}: initializer {_shown(t.name)} holds {bad} NaN or infinite values.")
+    inp = g.input[0]
+    count = 1
+    for d in inp.type.tensor_type.shape.dim:
+        count *= max(d.dim_value, 1)
+    if count > MAX_INPUT_ELEMENTS:
+        shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+        raise UnsupportedModelError(f"{source}: input {_shown(inp.name)} of shape {shape} holds {count:,} values; "
+                                    f"edgeplan takes at most {MAX_INPUT_ELEMENTS:,} per input.")
+
+
+def _cycle(g) -> list[str]:
+    """Names of the nodes on or behind a cycle (Kahn's algorithm over the tensors nodes read and write), or []
+    for an acyclic graph, in whatever order its nodes are listed."""
+    producer = {o: i for i, n in enumerate(g.node) for o in n.output if o}
+    waits = [{producer[x] for x in n.input if x in producer} for n in g.node]  # (a node reading itself waits)
+    readers: dict[int, list[int]] = {}
+    for i, w in enumerate(waits):
+        for j in w:
+            readers.setdefault(j, []).append(i)
+    left = [len(w) for w in waits]
+    ready = [i for i, k in enumerate(left) if k == 0]
+    while ready:
+        j = ready.pop()
+        for i in readers.get(j, ()):
+            left[i] -= 1
+            if left[i] == 0:
+                ready.append(i)
+    return [g.node[i].name or f"#{i} {g.node[i].op_type}" for i, k in enumerate(left) if k > 0]
+
+
+def _shown(name: str | bytes, limit: int = 80) -> str:
+    """A name read from an untrusted model, quoted and cut short (a corrupt file can put anything there)."""
+    if isinstance(name, bytes):
+        name = name.decode("utf-8", "backslashreplace")
+    return repr(name if len(name) <= limit else name[:limit] + "...")
 
 
 def _check_static(model: onnx.ModelProto, source: str) -> None:

@@ -43,7 +43,7 @@ def check_convertible(model: onnx.ModelProto, source: str) -> None:
             )
 
 
-def _onnx2tf(onnx_path: Path, out_dir: Path, timeout: float) -> None:
+def _onnx2tf(onnx_path: Path, out_dir: Path, timeout: float, source: Path | None = None) -> None:
     exe = Path(sys.executable).with_name("onnx2tf")
     cmd = [str(exe) if exe.exists() else (shutil.which("onnx2tf") or "onnx2tf")]
     cmd += ["-i", str(onnx_path), "-o", str(out_dir / "saved_model"), "-b", "1", "-v", "error"]
@@ -54,12 +54,12 @@ def _onnx2tf(onnx_path: Path, out_dir: Path, timeout: float) -> None:
     try:
         proc = subprocess.run(cmd, cwd=out_dir, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        raise ConversionError(f"{onnx_path}: onnx2tf did not finish within {timeout:.0f} s") from e
+        raise ConversionError(f"{source or onnx_path}: onnx2tf did not finish within {timeout:.0f} s") from e
     if proc.returncode != 0 or not (out_dir / "saved_model" / "saved_model.pb").is_file():
-        raise ConversionError(_explain_failure(onnx_path, proc.stdout + proc.stderr))
+        raise ConversionError(_explain_failure(onnx_path, proc.stdout + proc.stderr, source))
 
 
-def _explain_failure(onnx_path: Path, output: str) -> str:
+def _explain_failure(onnx_path: Path, output: str, source: Path | None = None) -> str:
     clean = re.sub(r"\x1b\[[0-9;]*m", "", output)
     node = re.search(r"onnx_op_name:\s*(\S+)", clean)
     where = ""
@@ -71,36 +71,102 @@ def _explain_failure(onnx_path: Path, output: str) -> str:
         except Exception:
             op = "?"
         where = f" at op {op!r} (node {name!r})"
-    noise = ("I0000", "W0000", "E0000", "WARNING: All log messages")
-    lines = [ln for ln in clean.strip().splitlines() if ln.strip() and not ln.startswith(noise)]
-    last = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), lines[-1] if lines else "")
-    return f"{onnx_path}: the TFLite conversion failed{where}: {last.strip()}"
+    return f"{source or onnx_path}: the TFLite conversion failed{where}: {_last_error(clean)}"
 
 
 def to_int8_tflite(onnx_path: Path, calibration: np.ndarray, workdir: Path, timeout: float = 1800) -> bytes:
-    """Convert once; ``calibration`` is float32 NCHW (N, C, H, W) or (N, ...) for non-image inputs."""
-    import tensorflow as tf
-
+    """Convert once; ``calibration`` is float32 NCHW (N, C, H, W) or (N, ...) for non-image inputs. Both steps
+    run in child processes: the TFLite quantizer aborts the process on some inputs (a calibration range that is
+    not finite), and an abort must end in one line, not take the pipeline down."""
     workdir.mkdir(parents=True, exist_ok=True)
     # onnx2tf rewrites the model it is given (it simplifies it in place): give it a copy, so model.onnx keeps
     # the bytes its fingerprint in model.json was taken from
     source = Path(onnx_path).resolve()
-    onnx_path = workdir / "input.onnx"
-    shutil.copyfile(source, onnx_path)
-    _onnx2tf(onnx_path, workdir, timeout)
-    data = calibration.transpose(0, 2, 3, 1) if calibration.ndim == 4 else calibration
+    copy = workdir / "input.onnx"
+    shutil.copyfile(source, copy)
+    _onnx2tf(copy, workdir, timeout, source)
+    np.save(workdir / "calibration.npy", calibration.transpose(0, 2, 3, 1) if calibration.ndim == 4 else calibration)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="-1", TF_CPP_MIN_LOG_LEVEL="3")
+    try:
+        proc = subprocess.run([sys.executable, "-c", _QUANTIZE, str(workdir)], env=env, capture_output=True,
+                              check=False, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise ConversionError(f"{source}: int8 quantization did not finish within {timeout:.0f} s") from e
+    out = workdir / "model_int8.tflite"
+    if proc.returncode != 0 or not out.is_file():
+        if proc.returncode >= 0:
+            how = ("the int8 model the quantizer wrote does not run in LiteRT" if _LOADING in proc.stderr
+                   else "int8 quantization failed")
+        elif _LOADING in proc.stderr:
+            raise ConversionError(f"{source}: the int8 model the quantizer wrote makes LiteRT abort (signal "
+                                  f"{-proc.returncode}) when it is loaded; "
+                                  f"{_largest_scale(workdir / 'unchecked.tflite')}")
+        else:
+            how = (f"the quantizer aborted (signal {-proc.returncode}): are the float model's activations finite "
+                   "on the calibration data? (a weight far out of range overflows them)")
+        last = _last_error((proc.stdout + proc.stderr).replace(_LOADING, ""))
+        raise ConversionError(f"{source}: {how}{f' ({last})' if last else ''}")
+    return out.read_bytes()
 
-    def representative():
-        for x in data:
-            yield [x[None].astype(np.float32)]
+
+# The TFLite quantizer, run by to_int8_tflite in a child: argv[1] holds saved_model/ and calibration.npy (NHWC).
+_QUANTIZE = """
+import sys
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+work = Path(sys.argv[1])
+data = np.load(work / "calibration.npy")
+
+
+def representative():
+    for x in data:
+        yield [x[None].astype(np.float32)]
+
+
+try:
+    conv = tf.lite.TFLiteConverter.from_saved_model(str(work / "saved_model"))
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    conv.representative_dataset = representative
+    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8, tf.lite.OpsSet.TFLITE_BUILTINS]
+    conv.inference_input_type = tf.int8
+    conv.inference_output_type = tf.int8
+    model = bytes(conv.convert())
+except Exception as e:
+    print(f"Error: {type(e).__name__}: {e}".replace(chr(10), " "), file=sys.stderr)
+    sys.exit(1)
+# LiteRT aborts the process on some models the quantizer writes (a scale it cannot turn into a multiplier):
+# load and run it here, with both kernel sets, so that abort ends this child, never the pipeline
+(work / "unchecked.tflite").write_bytes(model)
+print(LOADING, file=sys.stderr, flush=True)
+from edgeplan.quantize.litert import interpreter, primed
+
+interpreter(model)
+primed(model)
+(work / "model_int8.tflite").write_bytes(model)
+"""
+_LOADING = "edgeplan: loading the int8 model"
+_QUANTIZE = _QUANTIZE.replace("LOADING", repr(_LOADING))
+
+
+def _largest_scale(path: Path) -> str:
+    """Where to look when LiteRT will not load an int8 model: its largest quantization scale."""
+    from edgeplan.quantize.tflite_graph import TfliteGraph
 
     try:
-        conv = tf.lite.TFLiteConverter.from_saved_model(str(workdir / "saved_model"))
-        conv.optimizations = [tf.lite.Optimize.DEFAULT]
-        conv.representative_dataset = representative
-        conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8, tf.lite.OpsSet.TFLITE_BUILTINS]
-        conv.inference_input_type = tf.int8
-        conv.inference_output_type = tf.int8
-        return bytes(conv.convert())
-    except Exception as e:
-        raise ConversionError(f"{onnx_path}: int8 quantization failed ({type(e).__name__}: {e})") from e
+        t = max((t for t in TfliteGraph(path.read_bytes()).tensors if t.scale), key=lambda t: max(t.scale))
+    except Exception:  # noqa: BLE001 (a model the quantizer wrote but nothing can read: say so, not why)
+        return "it does not parse either"
+    return (f"its largest quantization scale is {max(t.scale):.3g}, of tensor {t.name[:120]!r} (a weight far out "
+            "of range gives one)")
+
+
+def _last_error(output: str) -> str:
+    """The last line of a child's output that says what went wrong (log noise left out)."""
+    clean = re.sub(r"\x1b\[[0-9;]*m", "", output)
+    noise = ("I0000", "W0000", "E0000", "WARNING: All log messages")
+    lines = [ln.strip() for ln in clean.strip().splitlines() if ln.strip() and not ln.startswith(noise)]
+    last = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), lines[-1] if lines else "")
+    return last[:300]

@@ -1,0 +1,45 @@
+"""A fast subset of bench/reliability.py's model-fuzzing campaign: broken models (one of each kind that once
+ended in a traceback, an abort or a misleading line) through a real ``edgeplan compile``, into an artifact root
+that holds another model's results; judged by exit status, stderr and a hash of every other file."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+# kinds -> what the one error line must say (before the fixes: traceback, traceback, abort, misleading, ...)
+EXPECTED = {
+    "cycle": "has a cycle through",
+    "duplicate-output": "has a cycle through",
+    "nan-weights": "NaN or infinite values",
+    "inf-weights": "NaN or infinite values",
+    "huge-weight": "abort",
+    "future-opset": "this onnx reads opsets up to",
+    "unknown-op": "which ONNX does not define",
+    "custom-domain": "edgeplan converts standard ONNX ops only",
+    "huge-dim": "edgeplan takes at most",
+    "keras-truncate": "not a readable .keras file",
+    "garbage": "not a readable ONNX model",
+}
+
+
+def test_broken_models_end_in_one_line_and_harm_nothing_else(compiled, tmp_path):
+    sys.path.insert(0, str(BENCH))
+    import _model_fuzz
+
+    d, _, _ = compiled("tiny_cnn")
+    arts = tmp_path / "artifacts"
+    shutil.copytree(d, arts / "tiny_cnn" / "1")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    keras_path = _model_fuzz.small_keras(tmp_path / "small.keras", env)
+    kinds = tuple(EXPECTED)  # seed 2 draws 3e38 into conv4.w for huge-weight: the TFLite quantizer crashes on it
+    r = _model_fuzz.run_model_fuzz(arts / "tiny_cnn" / "1" / "model.onnx", keras_path, arts, env, len(kinds),
+                                   seed=2, work=tmp_path / "work", limit_s=240, kinds=kinds)
+    assert r["tried"] == len(kinds) and r["violations"] == 0, r["violated"]
+    assert r["tracebacks"] == 0 and r["collateral_damage"] == 0
+    for row in r["rows"]:
+        assert row["exit"] == 2, row
+        assert EXPECTED[row["kind"]] in row["message"], row
