@@ -17,8 +17,9 @@ signatures checked with ``cryptography`` over the canonical JSON, every blob has
   before it (counted by the judge: the distinct blobs of B that were missing).
 
 Campaign 2, kill-anywhere pull and activation, and a full disk mid-pull: bench/_pull_kills.py (its docstring
-says how trials run and are judged). Campaign 3, bundle fuzzing: bench/_bundle_fuzz.py. Campaign 5's bad
-requests (not its overload half): bench/_bad_requests.py.
+says how trials run and are judged). Campaign 3, bundle fuzzing: bench/_bundle_fuzz.py. Campaign 4, model
+fuzzing (``edgeplan compile`` only): bench/_model_fuzz.py. Campaign 5's bad requests (not its overload half):
+bench/_bad_requests.py. The accuracy gate: ``accuracy_campaign`` below.
 
 Keys: publish_kill_trials (trials over both stores), publish_kill_violations (trials that broke a promise, each
 listed with its seed and what broke), and per store: trials, violations, boundary and random-time trials, the
@@ -27,13 +28,18 @@ disk_full_violations (with every trial under "pull" and "disk_full"); bundle_mut
 bundle_accepted_mutations, bundle_tracebacks, bundle_unexpected_failures (refusals by the CLI's last-resort
 handler: a bug said in one line), bundle_violations (with every mutation under "bundle"); bad_requests,
 bad_request_5xx, bad_request_unanswered, bad_request_crashes, bad_request_good_failures,
-bad_request_rss_growth_mb, bad_request_violations (with every request under "requests").
+bad_request_rss_growth_mb, bad_request_violations (with every request under "requests"); model_inputs_tried,
+model_tracebacks, model_collateral_damage, model_violations (every input under "models", with its kind, exit
+status and error line); accuracy_float_top1, accuracy_int8_top1_min (digits_cnn, default calibration, the worst
+point), accuracy_int8_top1_min_broken_calibration, accuracy_gate_trips_on_bad_calibration (both runs under
+"accuracy").
 
 `--trials N` random-time publish kills per store and kind (default 70: with the boundary trials, over 200 per
 store); `--pull-trials` random-time pull kills per kind (default 60, beside ~400 step boundaries);
 `--disk-trials` full-disk pulls per kind (default 12); `--mutations` (default 1000); `--quick` a few of each
 (the test suite runs subsets through ``run_trials``, ``run_pull_trials``, ``run_disk_full``, ``run_fuzz``).
-`--bad-requests` (default 400). `--campaigns publish,pull,bundle,requests` runs some and keeps the others' figures from the results file.
+`--bad-requests` (default 400). `--models` (default 300). `--campaigns publish,pull,...` runs some and keeps the
+others' figures from the results file.
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -190,7 +197,7 @@ def run_trials(store_kind: str, base_uri: str, endpoint: str | None, bundles_: d
 
 
 # ---------------------------------------------------------------------------------------------- main
-CAMPAIGNS = ("publish", "pull", "bundle", "requests")
+CAMPAIGNS = ("publish", "pull", "bundle", "models", "requests", "accuracy")
 
 
 def main() -> int:
@@ -200,6 +207,7 @@ def main() -> int:
     ap.add_argument("--disk-trials", type=int, help="full-disk pulls per kind (default 12; --quick 3)")
     ap.add_argument("--mutations", type=int, help="bundle mutations (default 1000; --quick 30)")
     ap.add_argument("--bad-requests", type=int, help="malformed HTTP requests (default 400; --quick 40)")
+    ap.add_argument("--models", type=int, help="broken models to edgeplan compile (default 300; --quick 26)")
     ap.add_argument("--quick", action="store_true", help="3 random-time trials per store and kind")
     ap.add_argument("--campaigns", default=",".join(CAMPAIGNS),
                     help=f"comma-separated, of {', '.join(CAMPAIGNS)} (default all); the others' figures are kept "
@@ -240,13 +248,20 @@ def main() -> int:
             result.update(bundle_campaign(setup, keys.load_signing_key(key_path).key, args, quick, scratch))
         if "requests" in chosen:
             result.update(requests_campaign(setup, args, quick, scratch))
+        if "models" in chosen:
+            result.update(models_campaign(args, quick, scratch))
+        if "accuracy" in chosen:
+            result.update(accuracy_campaign(args, scratch))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result["duration_s"] = time.perf_counter() - t0
     publish("reliability", result, plot, ("publish_kill_trials", "publish_kill_violations", "pull_kill_trials",
                                           "pull_kill_violations", "disk_full_trials", "disk_full_violations",
                                           "bundle_mutations", "bundle_accepted_mutations", "bundle_tracebacks",
-                                          "bad_requests", "bad_request_5xx", "bad_request_crashes"))
+                                          "bad_requests", "bad_request_5xx", "bad_request_crashes",
+                                          "model_inputs_tried", "model_tracebacks", "model_collateral_damage",
+                                          "accuracy_float_top1", "accuracy_int8_top1_min",
+                                          "accuracy_gate_trips_on_bad_calibration"))
     return 0
 
 
@@ -323,11 +338,73 @@ def requests_campaign(setup, args, quick, scratch) -> dict:
             "bad_request_violations": r["violations"], "requests_commit": machine()["commit"]}
 
 
+def models_campaign(args, quick, scratch) -> dict:
+    import _model_fuzz
+
+    arts = scratch / "model-fuzz-artifacts"  # other models' and versions' results, which must survive
+    shutil.rmtree(arts, ignore_errors=True)
+    for zoo in ("tiny_cnn", "spatial_chain"):
+        shutil.copytree(args.work / "artifacts" / zoo / "1", arts / zoo / "1")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    keras_path = _model_fuzz.small_keras(args.work / "small.keras", env)
+    r = _model_fuzz.run_model_fuzz(arts / "tiny_cnn" / "1" / "model.onnx", keras_path, arts, env,
+                                   args.models or (26 if quick else 300), args.seed + 5, scratch)
+    print(f"[reliability] model fuzzing: {r['tried']} broken models, {r['accepted']} compiled anyway, "
+          f"{r['tracebacks']} tracebacks, {r['collateral_damage']} with collateral damage; {r['violations']} "
+          "violations", flush=True)
+    return {"models": r, "model_inputs_tried": r["tried"], "model_tracebacks": r["tracebacks"],
+            "model_collateral_damage": r["collateral_damage"], "model_violations": r["violations"],
+            "models_commit": machine()["commit"]}
+
+
+BROKEN_CALIBRATION = {"kind": "random", "low": 0.0, "high": 0.05, "samples": 64, "seed": 0}
+
+
+def accuracy_campaign(args, scratch) -> dict:
+    """The accuracy gate on a real trained model and real data: ``edgeplan compile zoo:digits_cnn`` (a CNN trained
+    here on scikit-learn's digits, its held-out quarter as the labelled set) with the default calibration, then
+    with a deliberately broken one (random inputs in [0, 0.05]; the scans reach 1.0). Judged from accuracy.json and
+    the exit status."""
+    import yaml
+
+    runs = {}
+    for tag, calibration in (("default", None), ("broken", BROKEN_CALIBRATION)):
+        params = {"accuracy": {"dataset": "zoo:digits_cnn"}}
+        if calibration:
+            params["quantize"] = {"calibration": calibration}
+        work = scratch / f"accuracy-{tag}"
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "params.yaml").write_text(yaml.safe_dump(params))
+        print(f"[reliability] accuracy gate: compiling digits_cnn with the {tag} calibration", flush=True)
+        proc = subprocess.run([sys.executable, "-m", "edgeplan.cli", "compile", "zoo:digits_cnn", "--name",
+                               "digits_cnn", "--version", "1", "--out", str(args.work / "accuracy" / tag)],
+                              cwd=work, capture_output=True, text=True, timeout=1800, check=False)
+        path = args.work / "accuracy" / tag / "digits_cnn" / "1" / "accuracy.json"
+        if not path.is_file():
+            raise RuntimeError(f"{tag}: no accuracy.json (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
+        doc = json.loads(path.read_text())
+        runs[tag] = {"exit": proc.returncode, "calibration": calibration or "params.yaml default",
+                     "float_top1": doc["float_top1"], "samples": doc["samples"],
+                     "max_top1_drop": doc["max_top1_drop"], "points": doc["points"]}
+    good, bad = runs["default"], runs["broken"]
+    trips = (bad["exit"] == 1 and not any(p["publishable"] for p in bad["points"]) and good["exit"] == 0
+             and all(p["publishable"] for p in good["points"]))
+    print(f"[reliability] accuracy gate: float top-1 {good['float_top1']:.4f}, int8 "
+          f"{min(p['top1'] for p in good['points']):.4f}..{max(p['top1'] for p in good['points']):.4f}; broken "
+          f"calibration {max(p['top1'] for p in bad['points']):.4f}: {'tripped' if trips else 'NOT tripped'}",
+          flush=True)
+    return {"accuracy": runs, "accuracy_float_top1": good["float_top1"],
+            "accuracy_int8_top1_min": min(p["top1"] for p in good["points"]),
+            "accuracy_int8_top1_min_broken_calibration": min(p["top1"] for p in bad["points"]),
+            "accuracy_gate_trips_on_bad_calibration": trips, "accuracy_commit": machine()["commit"]}
+
+
 def plot(result: dict, path: Path) -> None:
     plt = pyplot()
     panels = [(name, s) for name, s in result.get("stores", {}).items()] + ([("pull", result["pull"])]
                                                                             if "pull" in result else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
+    gate = result.get("accuracy")
+    fig, axes = plt.subplots(1, len(panels) + bool(gate), figsize=(6 * (len(panels) + bool(gate)), 4), squeeze=False)
     for ax, (name, s) in zip(axes[0], panels):
         after = "current_after_kill" if name == "pull" else "latest_after_kill"
         for kind, colour in (("first", "tab:blue"), ("next", "tab:orange")):
@@ -340,6 +417,20 @@ def plot(result: dict, path: Path) -> None:
         ax.set_yticks([0, 1, 2])
         ax.set_title(f"{'pull' if name == 'pull' else f'publish, {name}'}: {s['trials']} trials, {len(bad)} "
                      "violations")
+        ax.legend(fontsize=8)
+    if gate:  # float vs int8 top-1 per point, both calibrations
+        ax = axes[0][-1]
+        for tag, colour in (("default", "tab:green"), ("broken", "tab:red")):
+            pts = gate[tag]["points"]
+            ax.plot([p["point"] for p in pts], [p["top1"] for p in pts], "o-", c=colour,
+                    label=f"int8 chain, {tag} calibration (exit {gate[tag]['exit']})")
+        ax.axhline(gate["default"]["float_top1"], c="k", ls="--", label="float model")
+        ax.axhline(gate["default"]["float_top1"] - gate["default"]["max_top1_drop"], c="grey", ls=":",
+                   label="gate: float - max_top1_drop")
+        ax.set_xlabel("partition point")
+        ax.set_ylabel(f"top-1 on {gate['default']['samples']} held-out digits")
+        ax.set_ylim(0, 1.02)
+        ax.set_title("accuracy gate: digits_cnn")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

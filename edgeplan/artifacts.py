@@ -253,6 +253,40 @@ class VerifyReport(_Record):
 
 
 @dataclass(frozen=True)
+class AccuracyPoint:
+    point: int
+    top1: float  # the int8 chain at this point (Edge TPU prefix run as its int8 model), on the evaluation set
+    drop: float  # float top-1 minus this, a fraction
+    publishable: bool
+
+
+@dataclass(frozen=True)
+class AccuracyReport(_Record):
+    """``accuracy.json``: the accuracy gate (params.yaml ``accuracy``). Top-1 of the float model and of the int8
+    chain at every point on a labelled evaluation set; a point whose drop exceeds ``max_top1_drop`` is not
+    publishable (the planner never chooses it, the runtime never switches to it), and a model with no
+    publishable point is not published."""
+
+    model_sha256: str
+    dataset: str
+    dataset_sha256: str
+    samples: int
+    max_top1_drop: float
+    float_top1: float
+    points: tuple[AccuracyPoint, ...]
+    kernels: str  # the int8 kernels the chains ran on (the device's: XNNPACK)
+    schema_version: int = 1
+
+    @property
+    def excluded(self) -> tuple[int, ...]:
+        return tuple(p.point for p in self.points if not p.publishable)
+
+    @property
+    def ok(self) -> bool:
+        return any(p.publishable for p in self.points)
+
+
+@dataclass(frozen=True)
 class StreamLayer:
     """One layer of ``stream/``: its one-layer segment (cut from ``model_split.tflite``) and its boundary."""
 
@@ -296,10 +330,13 @@ _FIELD_TYPES: dict[tuple[str, str], type] = {
     ("Analysis", "dropped"): DroppedPoint,
     ("CompileReport", "operators"): OperatorRow,
     ("VerifyReport", "points"): PointCheck,
+    ("AccuracyReport", "points"): AccuracyPoint,
     ("StreamInfo", "layers"): StreamLayer,
 }
 
 __all__ = [
+    "AccuracyPoint",
+    "AccuracyReport",
     "Analysis",
     "CompileReport",
     "DroppedPoint",

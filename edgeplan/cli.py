@@ -3,6 +3,7 @@
     edgeplan compile MODEL --name N --version V   ingest -> analyze -> int8 -> cut -> compile -> verify
     edgeplan analyze MODEL --json OUT             list the ONNX candidate partition points
     edgeplan verify ARTIFACT_DIR                  re-run the checks, print the table (exit 1 on failure)
+    edgeplan accuracy ARTIFACT_DIR [--dataset D]  the accuracy gate on a labelled set (exit 1: no point passes)
     edgeplan ingest | build | stream              single stages (what dvc.yaml runs)
     edgeplan parallax ARTIFACT_DIR                Parallax branch-parallel plans, measured here -> parallax/
     edgeplan zoo list | zoo build NAME DIR        real architectures with seeded weights, no downloads
@@ -126,6 +127,42 @@ def print_verify(report) -> None:
     console.print(f"output depends on input: {report.input_dependence:.3g} {dep}; "
                   f"min cosine {report.min_cosine}; {report.samples} samples")
     console.print("[bold green]verify passed" if report.ok else "[bold red]verify FAILED")
+
+
+def print_accuracy(report) -> None:
+    t = Table(title=f"accuracy gate: top-1 on {report.samples} labelled samples ({report.dataset})")
+    for col in ("point", "int8 top-1", "drop", "result"):
+        t.add_column(col, justify="right")
+    for p in report.points:
+        t.add_row(str(p.point), f"{p.top1:.4f}", f"{p.drop:+.4f}",
+                  "[green]publishable" if p.publishable else f"[red]over the {report.max_top1_drop:.3f} limit")
+    console.print(t)
+    console.print(f"float top-1 {report.float_top1:.4f}; int8 chains on {report.kernels} kernels (Edge TPU prefixes "
+                  "as their int8 models)")
+    if not report.ok:
+        console.print("[bold red]accuracy gate FAILED at every point: this model is not published")
+    elif report.excluded:
+        console.print(f"[yellow]points {list(report.excluded)} are never planned or switched to")
+    else:
+        console.print("[bold green]accuracy gate passed")
+
+
+def _accuracy_params(args, params) -> dict:
+    if getattr(args, "accuracy_dataset", None):
+        params = {**params, "accuracy": {**params["accuracy"], "dataset": args.accuracy_dataset}}
+    return params
+
+
+def cmd_accuracy(args, params) -> int:
+    params = _accuracy_params(args, params)
+    if not params["accuracy"].get("dataset"):
+        raise EdgeplanError("no labelled evaluation set: give --dataset (a .npz with x and y, or zoo:NAME) or set "
+                            "accuracy.dataset in params.yaml")
+    with _progress() as update:
+        report = _stages().accuracy(Path(args.artifact_dir), params, update)
+    print_accuracy(report)
+    console.print(f"wrote {Path(args.artifact_dir) / 'accuracy.json'}")
+    return 0 if report.ok else 1
 
 
 def cmd_ingest(args, params) -> int:
@@ -252,13 +289,20 @@ def cmd_compile(args, params) -> int:
         print_build(result)
         with _progress() as update:
             report = st.verify(root, params, update)
+        params = _accuracy_params(args, params)
+        gate = None
+        if report.ok and params["accuracy"].get("dataset"):
+            with _progress() as update:
+                gate = st.accuracy(root, params, update)
     print_verify(report)
+    if gate is not None:
+        print_accuracy(gate)
     record = mem.record()
     write_json_atomic(root / "memory.json", {"schema_version": 1, "source": "measured: RSS of the process tree, "
                                              "sampled every 20 ms", "stages": record})
     print_memory(record)
     console.print(f"artifacts in {root}")
-    return 0 if report.ok and not result.errors else 1
+    return 0 if report.ok and not result.errors and (gate is None or gate.ok) else 1
 
 
 def print_memory(record: dict) -> None:
@@ -611,8 +655,12 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--input-shape", type=_shape, help="static input shape, NCHW, e.g. 1,3,224,224 "
                         "(needed when a non-batch dimension is dynamic)")
 
-    sp = sub.add_parser("compile", help="the whole model stage: ingest, analyze, int8, cut, compile, verify")
+    sp = sub.add_parser("compile", help="the whole model stage: ingest, analyze, int8, cut, compile, verify, and "
+                        "the accuracy gate when a labelled evaluation set is configured")
     model_args(sp, True)
+    sp.add_argument("--accuracy-dataset", metavar="DATASET",
+                    help="labelled evaluation set for the accuracy gate: a .npz with x (NCHW float) and y (integer "
+                         "labels), or zoo:NAME (default: params.yaml accuracy.dataset; none: no gate)")
     sp.set_defaults(func=cmd_compile)
     sp = sub.add_parser("ingest", help="write canonical model.onnx and model.json")
     model_args(sp, True)
@@ -631,6 +679,16 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("verify", help="check every point of ARTIFACT_DIR; writes verify.json; exit 1 on failure")
     sp.add_argument("artifact_dir")
     sp.set_defaults(func=cmd_verify)
+    sp = sub.add_parser("accuracy", help="the accuracy gate on ARTIFACT_DIR: top-1 of the float model and of the "
+                        "int8 chain at every point on a labelled set; writes accuracy.json; exit 1 if no point passes",
+                        description="A point whose top-1 falls more than accuracy.max_top1_drop (a fraction) below "
+                        "the float model's is never planned or switched to; a model with no passing point is not "
+                        "published.")
+    sp.add_argument("artifact_dir")
+    sp.add_argument("--dataset", dest="accuracy_dataset", metavar="DATASET",
+                    help="a .npz with x (NCHW float) and y (integer labels), or zoo:NAME (default: params.yaml "
+                         "accuracy.dataset)")
+    sp.set_defaults(func=cmd_accuracy)
     sp = sub.add_parser("stream", help="FlashMem streaming segments of ARTIFACT_DIR's int8 model (large weights "
                         "split, one segment per layer, checked identical) -> stream/; exit 1 if not identical")
     sp.add_argument("artifact_dir")

@@ -41,6 +41,10 @@ class CalibrationError(EdgeplanError):
     """The representative data for int8 calibration is missing or does not fit the model's input."""
 
 
+class AccuracyGateError(EdgeplanError):
+    """The labelled evaluation set is unreadable or does not fit the model, or a model failed the accuracy gate."""
+
+
 class ArtifactError(EdgeplanError):
     """An artifact directory is missing a file a stage needs, or a file has an unknown schema."""
 

@@ -32,6 +32,7 @@ def _compile(models: list[dict], root: str, params_file: str | None, store: str 
                                                    m.get("input_shape"), params) for m in models])
     built = ledger.submit(model_tasks.build, [(f, params) for f in ingested])
     verified = ledger.submit(model_tasks.verify, [(f, params) for f in ingested], after=built)
+    verified = ledger.submit(model_tasks.accuracy, [(f, params) for f in ingested], after=verified)
     ledger.submit(model_tasks.stream, [(f, params) for f in ingested], after=verified)
     dirs = ledger.gather()[: len(models)]
     served: list[str] = []

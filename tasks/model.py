@@ -76,6 +76,29 @@ def verify(model_dir: str, params: dict):
     return report
 
 
+def _accuracy_inputs(p: dict):
+    d, dataset = Path(p["model_dir"]), str(p["params"]["accuracy"].get("dataset") or "")
+    files = [d / "model.onnx", d / "model_int8.tflite", d / "analysis.json", d / "segments"]
+    return files + ([abs_path(dataset)] if dataset and not dataset.startswith("zoo:") else [])
+
+
+@task(name="accuracy", cache_key_fn=content_key(_accuracy_inputs, ["accuracy"], (*BUILD_CODE, "verify"),
+                                                scalars=("model_dir",)),
+      persist_result=True)
+def accuracy(model_dir: str, params: dict):
+    """The accuracy gate when params.yaml names a labelled set: accuracy.json; raises AccuracyGateError (after
+    writing it) when no point passes. Points that fail are left out by the planner and the runtime."""
+    from edgeplan.pipeline import stages
+    from edgeplan.verify.accuracy import excluded_points
+
+    report = stages.accuracy(Path(model_dir), params)
+    if report is not None:
+        excluded_points(Path(model_dir), params)  # the one message for "no point passed"
+        get_run_logger().info("accuracy gate: float top-1 %.4f, int8 %s, excluded points %s", report.float_top1,
+                              [round(p.top1, 4) for p in report.points], list(report.excluded))
+    return report
+
+
 class StreamNotIdentical(EdgeplanError):
     """The streaming segments of a model do not chain to its int8 model's bits: nothing of it is streamed."""
 

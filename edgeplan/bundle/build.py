@@ -26,6 +26,7 @@ from edgeplan.plan.swapless.plan import SwapLessPlan
 from edgeplan.profile import fleet as fleet_mod
 from edgeplan.quantize import litert
 from edgeplan.quantize.calibration import CalibrationSpec, sample_inputs
+from edgeplan.verify.accuracy import excluded_points
 
 SELFTESTS = 2
 SELFTEST_SEED = 77
@@ -93,6 +94,12 @@ def build(root: Path, name: str, params: dict) -> Bundle:
             why = "failed verify" if not report.ok else "was verified as another model.onnx"
             raise ArtifactError(f"{d}: {why}; nothing of it is published (see {d / 'verify.json'}, "
                                 "re-run `edgeplan compile`)")
+        excluded = excluded_points(d, params)
+        i = [m.name for m in plan.models].index(pm.name)
+        planned = {pm.point} | {r.points[i] for r in plan.regimes}
+        if planned & set(excluded):
+            raise ArtifactError(f"{plan_path}: plans {pm.name} at points {sorted(planned & set(excluded))}, which "
+                                "failed the accuracy gate; re-plan")
         analysis = Analysis.load(d / "analysis.json")
         if analysis.last != pm.last_point:
             raise ArtifactError(f"{plan_path}: plans {pm.name} with {pm.last_point} points, {d} has "
@@ -125,7 +132,7 @@ def build(root: Path, name: str, params: dict) -> Bundle:
         models.append(ModelEntry(pm.name, pm.version, info.sha256, analysis.last,
                                  _quantization(in_d, info.inputs[0].shape),
                                  _quantization(out_d, info.outputs[0].shape), tuple(tests),
-                                 f"{prefix}/profiles/{dc.name}.json"))
+                                 f"{prefix}/profiles/{dc.name}.json", excluded))
     blobs[f"deployments/{name}/plans/swapless.json"] = plan_path.read_bytes()
     plans = {"swapless": f"deployments/{name}/plans/swapless.json"}
     streamed = _flashmem(Path(root), name, plan)

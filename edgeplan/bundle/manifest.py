@@ -115,6 +115,7 @@ class ModelEntry:
     output: Quantization
     selftests: tuple[SelfTest, ...]
     profile: str  # blob name of profiles/<device class>.json
+    excluded_points: tuple[int, ...] = ()  # points the accuracy gate refused: never switched to
 
 
 @dataclass(frozen=True)

@@ -181,6 +181,8 @@ def manifest(m, where: str, deployment: str | None = None, revision: int | None 
             _fail(where, f"{at}.name {e.name!r} is listed twice")
         seen.add(e.name)
         integer(e.points, where, f"{at}.points", 1, MAX_POINTS)
+        for j, p in enumerate(e.excluded_points):
+            integer(p, where, f"{at}.excluded_points[{j}]", 1, e.points)
         sha256_hex(e.model_sha256, where, f"{at}.model_sha256")
         _named(e.profile, names, where, f"{at}.profile")
         if not e.selftests:

@@ -20,6 +20,7 @@ DEFAULTS: dict = {
     },
     "compile": {"compiler": "auto", "onchip_bytes": 8 * 1024 * 1024, "allow_multiple_subgraphs": False},
     "verify": {"samples": 4, "seed": 1000, "min_cosine": 0.85},
+    "accuracy": {"dataset": None, "max_top1_drop": 0.02, "max_samples": 2000},
     "profile": {
         "warmup": 2,
         "repeats": 300,

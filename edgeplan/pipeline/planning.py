@@ -10,6 +10,7 @@ from edgeplan.plan.swapless.from_profiles import model_spec
 from edgeplan.plan.swapless.instance import Instance
 from edgeplan.profile import fleet as fleet_mod
 from edgeplan.profile.schema import Profile
+from edgeplan.verify.accuracy import excluded_points
 
 DEFAULT_CLASS = "coral-usb-emulated"  # of the one-model deployment of a model no deployment serves
 DEFAULT_RATE = 10.0
@@ -159,8 +160,12 @@ def plan_swapless(root: Path, name: str, params: dict, variant: str | None = Non
             raise ProfileError(f"{path}: missing; run `edgeplan profile run {d} --device-class {dc.name}` first")
         prof = Profile.load(path)
         sources |= {s.tpu.source for s in prof.segments if s.tpu is not None}
-        spec = model_spec(m["name"], float(m["rate"]), prof, str(path), edgetpu=dc.accelerator.edgetpu)
-        unusable = [p for p in range(1, spec.last + 1) if spec.s_tpu[p] == float("inf")]
+        excluded = excluded_points(d, params)
+        spec = model_spec(m["name"], float(m["rate"]), prof, str(path), edgetpu=dc.accelerator.edgetpu,
+                          excluded=excluded)
+        if excluded:
+            notes.append(f"{m['name']}: points {list(excluded)} failed the accuracy gate; never chosen")
+        unusable = [p for p in range(1, spec.last + 1) if spec.s_tpu[p] == float("inf") and p not in excluded]
         if not dc.accelerator.edgetpu:
             notes.append(f"{m['name']}: device class {dc.name!r} has no Edge TPU; the model runs wholly on the CPU")
         elif unusable:

@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 import onnx
 
 from edgeplan.artifacts import (
+    AccuracyReport,
     Analysis,
     CompileReport,
     DroppedPoint,
@@ -256,6 +257,32 @@ def verify(root: Path, params: dict, progress: Progress = _noop) -> VerifyReport
     with memory.stage("verify"):
         report = run_checks(root, analysis, xs, vp["min_cosine"], tick)
     report.save(root / "verify.json")
+    return report
+
+
+# ---------------------------------------------------------------------------------------------- accuracy gate
+def accuracy(root: Path, params: dict, progress: Progress = _noop) -> AccuracyReport | None:
+    """``accuracy.json`` (params.yaml ``accuracy``), or None when no evaluation set is configured (a stale
+    ``accuracy.json`` is then removed: it would gate with a dataset no longer asked for)."""
+    from edgeplan.verify import accuracy as gate
+
+    ap = params["accuracy"]
+    if not ap.get("dataset"):
+        (root / "accuracy.json").unlink(missing_ok=True)
+        return None
+    analysis = Analysis.load(root / "analysis.json")
+    info = ModelInfo.load(root / "model.json")
+    dataset = gate.resolve(str(ap["dataset"]), root.parent.parent)
+    x, y = gate.load(dataset, info.inputs[0].shape, ap.get("max_samples"))
+    done = [0]
+
+    def tick():
+        done[0] += 1
+        progress("accuracy gate", done[0], len(analysis.points))
+
+    with memory.stage("accuracy gate"):
+        report = gate.measure(root, analysis, dataset, x, y, float(ap["max_top1_drop"]), tick)
+    report.save(root / "accuracy.json")
     return report
 
 

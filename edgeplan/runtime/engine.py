@@ -339,6 +339,12 @@ class Accelerator(threading.Thread):
                 self.engine.finish(req, out)
 
 
+def _publishable(entry, point: int, which: str) -> None:
+    if point in entry.excluded_points:
+        raise EdgeplanError(f"{entry.name}: {which} point {point} failed the accuracy gate (its int8 top-1 fell too "
+                            f"far); this revision never runs it (excluded: {list(entry.excluded_points)})")
+
+
 class Runtime:
     """Serve the active revision under ``dest`` (or a revision directory). Python API: ``start()``,
     ``infer(model, x)``/``submit(model, x)`` (float input in the model's layout, or the int8 model's tensor
@@ -368,6 +374,7 @@ class Runtime:
         self.models: dict[str, ServedModel] = {}
         for entry in self.manifest.models:
             pm = planned[entry.name]
+            _publishable(entry, pm.point, "the plan's")
             rate = (rates or {}).get(entry.name, pm.rate)
             self.models[entry.name] = ServedModel.load(self.rev_dir, entry, rate, preload[entry.name] | {pm.point},
                                                        self.manifest.accelerator.startswith("edgetpu"))
@@ -487,6 +494,7 @@ class Runtime:
             if points[n] not in carried:
                 raise EdgeplanError(f"{n}: point {points[n]} outside {carried.start}..{carried.stop - 1} (the points "
                                     f"the revision carries for a {self.manifest.accelerator!r} accelerator)")
+            _publishable(self.models[n].entry, points[n], "asked")
         if sum(cores.values()) > self.plan.cores:
             raise EdgeplanError(f"{sum(cores.values())} cores asked, the device class has {self.plan.cores}")
         changed = points != self.points or cores != self.cores

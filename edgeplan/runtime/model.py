@@ -98,7 +98,7 @@ class ServedModel:
     def load(cls, rev_dir: Path, entry: ModelEntry, rate: float, preload, edgetpu: bool = True) -> ServedModel:
         """``edgetpu`` False: the device has no Edge TPU (no prefix is ever chosen)."""
         profile = Profile.from_json(json.loads((Path(rev_dir) / entry.profile).read_text()))
-        spec = model_spec(entry.name, rate, profile, f"{rev_dir / entry.profile}", edgetpu)
+        spec = model_spec(entry.name, rate, profile, f"{rev_dir / entry.profile}", edgetpu, entry.excluded_points)
         m = cls(entry, Path(rev_dir), profile, spec, frozenset(preload))
         for p in m.preload:
             m.segment(p, "suffix", count=False)

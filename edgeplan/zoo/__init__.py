@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from edgeplan.zoo.registry import NAMES, build, describe
+from edgeplan.zoo.registry import NAMES, build, describe, eval_set
 
-__all__ = ["NAMES", "build", "describe", "resolve"]
+__all__ = ["NAMES", "build", "describe", "eval_set", "resolve"]
 
 
 def resolve(source: str, workdir: Path) -> Path:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 from edgeplan.errors import ModelNotFoundError
-from edgeplan.zoo import alexnet, chain, keras_apps, light, tiny
+from edgeplan.zoo import alexnet, chain, digits, keras_apps, light, tiny
 
 _TABLE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "mobilenetv2_0.35_96": (partial(keras_apps.build, "MobileNetV2", 96, alpha=0.35), "Keras MobileNetV2 alpha 0.35, 96x96"),
@@ -30,7 +30,11 @@ _TABLE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "spatial_chain": (chain.build, "chain CNN, 3x45x45: stride-2 SAME and padded convs, dilation 2, max/avg pools"),
     "tiny_cnn": (partial(tiny.build, lrn=False), "8-layer residual CNN, 3x32x32, built node by node"),
     "tiny_cnn_lrn": (partial(tiny.build, lrn=True), "tiny_cnn with an LRN (no int8 kernel, no Edge TPU op)"),
+    "digits_cnn": (digits.build, ("CNN trained here on scikit-learn's handwritten digits, 1x32x32; held-out "
+                                  "quarter as its labelled evaluation set")),
 }
+# zoo models that ship a labelled evaluation set: name -> its path beside the built model
+_EVAL_SETS = {"digits_cnn": digits.eval_path}
 
 NAMES = tuple(_TABLE)
 
@@ -45,3 +49,13 @@ def build(name: str, workdir: Path) -> Path:
         raise ModelNotFoundError(f"zoo:{name}: no such zoo model; known: {', '.join(NAMES)}")
     workdir.mkdir(parents=True, exist_ok=True)
     return _TABLE[name][0](workdir / name)
+
+
+def eval_set(name: str, workdir: Path) -> Path:
+    """The labelled evaluation set (``.npz``: ``x`` NCHW float32, ``y`` labels) of zoo model ``name``, built
+    with it (once)."""
+    if name not in _EVAL_SETS:
+        have = ", ".join(f"zoo:{n}" for n in _EVAL_SETS)
+        raise ModelNotFoundError(f"zoo:{name}: no zoo model with a labelled evaluation set; known: {have}")
+    build(name, workdir)
+    return _EVAL_SETS[name](workdir / name)

@@ -8,13 +8,15 @@ from edgeplan.plan.swapless.instance import ModelSpec
 from edgeplan.profile.schema import Profile
 
 
-def model_spec(name: str, rate: float, profile: Profile, where: str = "", edgetpu: bool = True) -> ModelSpec:
+def model_spec(name: str, rate: float, profile: Profile, where: str = "", edgetpu: bool = True,
+               excluded: tuple[int, ...] = ()) -> ModelSpec:
     """``edgetpu`` False: the class has no Edge TPU, so no prefix is usable (never chosen: every model runs wholly
-    on the CPU, point 0, and SwapLess still shares the cores between them)."""
+    on the CPU, point 0, and SwapLess still shares the cores between them). ``excluded``: points > 0 the accuracy
+    gate refused, never chosen either (point 0 cannot be: the caller refuses a model whose point 0 failed)."""
     P = profile.last_point
     s_tpu, io, load, foot, s_cpu, tpu_samples, cpu_samples = [0.0], [0.0], [0.0], [0], [], [()], []
     for p in range(P + 1):
-        if p > 0 and not edgetpu:
+        if p > 0 and (not edgetpu or p in excluded):
             s_tpu.append(float("inf"))
             io.append(0.0)
             load.append(0.0)
