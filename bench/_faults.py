@@ -167,6 +167,10 @@ class Forked:
                 f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 os.dup2(f, fd)
                 os.close(f)
+            # the parent's sys.stdout/err may not write to fds 1 and 2 at all (pytest's capture writes to its own
+            # files): the child's write to the files just opened, line by line
+            sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (lives until os._exit)
+            sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
             os.environ.clear()
             os.environ.update(env)
             import importlib
