@@ -77,9 +77,8 @@ def verify(model_dir: str, params: dict):
 
 
 def _accuracy_inputs(p: dict):
-    d, dataset = Path(p["model_dir"]), str(p["params"]["accuracy"].get("dataset") or "")
-    files = [d / "model.onnx", d / "model_int8.tflite", d / "analysis.json", d / "segments"]
-    return files + ([abs_path(dataset)] if dataset and not dataset.startswith("zoo:") else [])
+    dataset = str(p["params"]["accuracy"].get("dataset") or "")  # a zoo set is made by the code it hashes
+    return _verify_inputs(p) + ([abs_path(dataset)] if dataset and not dataset.startswith("zoo:") else [])
 
 
 @task(name="accuracy", cache_key_fn=content_key(_accuracy_inputs, ["accuracy"], (*BUILD_CODE, "verify"),

@@ -85,7 +85,7 @@ def build(root: Path, name: str, params: dict) -> Bundle:
     blobs: dict[str, bytes] = {}
     models, compilers = [], set()
     spec = CalibrationSpec.from_params(params["quantize"]["calibration"])
-    for pm in plan.models:
+    for i, pm in enumerate(plan.models):
         d = Path(root) / pm.name / pm.version
         prefix = f"models/{pm.name}/{pm.version}"
         info = ModelInfo.load(d / "model.json")
@@ -95,11 +95,10 @@ def build(root: Path, name: str, params: dict) -> Bundle:
             raise ArtifactError(f"{d}: {why}; nothing of it is published (see {d / 'verify.json'}, "
                                 "re-run `edgeplan compile`)")
         excluded = excluded_points(d, params)
-        i = [m.name for m in plan.models].index(pm.name)
-        planned = {pm.point} | {r.points[i] for r in plan.regimes}
-        if planned & set(excluded):
-            raise ArtifactError(f"{plan_path}: plans {pm.name} at points {sorted(planned & set(excluded))}, which "
-                                "failed the accuracy gate; re-plan")
+        refused = ({pm.point} | {r.points[i] for r in plan.regimes}) & set(excluded)
+        if refused:
+            raise ArtifactError(f"{plan_path}: plans {pm.name} at points {sorted(refused)}, which failed the "
+                                "accuracy gate; re-plan")
         analysis = Analysis.load(d / "analysis.json")
         if analysis.last != pm.last_point:
             raise ArtifactError(f"{plan_path}: plans {pm.name} with {pm.last_point} points, {d} has "

@@ -7,6 +7,7 @@ constants folded, identity-like nodes removed, nodes in topological order, NCHW 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import zipfile
 from pathlib import Path
@@ -587,11 +588,9 @@ def _screen(model: onnx.ModelProto, source: str) -> None:
             if bad:
                 raise CorruptModelError(f"{source}: initializer {_shown(t.name)} holds {bad} NaN or infinite values.")
     inp = g.input[0]
-    count = 1
-    for d in inp.type.tensor_type.shape.dim:
-        count *= max(d.dim_value, 1)
+    shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+    count = math.prod(max(d, 1) for d in shape)
     if count > MAX_INPUT_ELEMENTS:
-        shape = [d.dim_value for d in inp.type.tensor_type.shape.dim]
         raise UnsupportedModelError(f"{source}: input {_shown(inp.name)} of shape {shape} holds {count:,} values; "
                                     f"edgeplan takes at most {MAX_INPUT_ELEMENTS:,} per input.")
 

@@ -1,6 +1,7 @@
 """The stages of ``edgeplan compile``, each reading and writing files of one artifact directory."""
 from __future__ import annotations
 
+import itertools
 import logging
 import shutil
 import tempfile
@@ -231,6 +232,12 @@ def compile_prefix(d: Path, settings: dict) -> CompileReport:
     return report
 
 
+def _ticker(progress: Progress, stage: str, total: int) -> Callable[[], None]:
+    """A callback that reports one more of ``total`` units of ``stage`` each time it is called."""
+    done = itertools.count(1)
+    return lambda: progress(stage, next(done), total)
+
+
 # ---------------------------------------------------------------------------------------------- verify
 def verify(root: Path, params: dict, progress: Progress = _noop) -> VerifyReport:
     from edgeplan.quantize.calibration import CalibrationSpec, sample_inputs
@@ -248,14 +255,8 @@ def verify(root: Path, params: dict, progress: Progress = _noop) -> VerifyReport
     spec = CalibrationSpec.from_params(params["quantize"]["calibration"])
     vp = params["verify"]
     xs = sample_inputs(spec, info.inputs[0].shape, vp["samples"], seed=vp["seed"])
-    done = [0]
-
-    def tick():
-        done[0] += 1
-        progress("verify", done[0], len(analysis.points))
-
     with memory.stage("verify"):
-        report = run_checks(root, analysis, xs, vp["min_cosine"], tick)
+        report = run_checks(root, analysis, xs, vp["min_cosine"], _ticker(progress, "verify", len(analysis.points)))
     report.save(root / "verify.json")
     return report
 
@@ -274,14 +275,9 @@ def accuracy(root: Path, params: dict, progress: Progress = _noop) -> AccuracyRe
     info = ModelInfo.load(root / "model.json")
     dataset = gate.resolve(str(ap["dataset"]), root.parent.parent)
     x, y = gate.load(dataset, info.inputs[0].shape, ap.get("max_samples"))
-    done = [0]
-
-    def tick():
-        done[0] += 1
-        progress("accuracy gate", done[0], len(analysis.points))
-
     with memory.stage("accuracy gate"):
-        report = gate.measure(root, analysis, dataset, x, y, float(ap["max_top1_drop"]), tick)
+        report = gate.measure(root, analysis, dataset, x, y, float(ap["max_top1_drop"]),
+                              _ticker(progress, "accuracy gate", len(analysis.points)))
     report.save(root / "accuracy.json")
     return report
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -65,9 +66,7 @@ def _npy(body: bytes) -> np.ndarray:
         raise BadRequest(f"body is not a .npy array: {e}") from None
     if dtype.kind not in "iuf" or dtype.hasobject:
         raise BadRequest(f".npy dtype {dtype}; send real numbers (float32)")
-    count = 1
-    for d in shape:
-        count *= d
+    count = math.prod(shape)
     if count * dtype.itemsize != len(body) - f.tell():
         raise BadRequest(f".npy header says shape {shape} of {dtype} ({count * dtype.itemsize} bytes); the body "
                          f"holds {len(body) - f.tell()} after it")
