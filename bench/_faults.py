@@ -147,14 +147,15 @@ class Forked:
     signal that ended it). A process that holds other threads (a test run that loaded TensorFlow or onnxruntime,
     whose pools may hold a lock at the fork) starts ``python -m edgeplan.runtime.cli`` instead."""
 
-    def __init__(self, argv: list[str], env: dict, work: Path, tag: str = "cmd", module: str = "edgeplan.runtime.cli"):
+    def __init__(self, argv: list[str], env: dict, work: Path, tag: str = "cmd", module: str = "edgeplan.runtime.cli",
+                 cwd: Path | None = None):
         self.out, self.err = work / f"{tag}.stdout", work / f"{tag}.stderr"
         self.t0, self.rc, self.proc = time.perf_counter(), None, None
         for path in (self.out, self.err):  # never read a previous command's output
             path.unlink(missing_ok=True)
         if len(os.listdir("/proc/self/task")) > 1:
             with open(self.out, "wb") as out, open(self.err, "wb") as err:
-                self.proc = subprocess.Popen([sys.executable, "-m", module, *argv], env=env,
+                self.proc = subprocess.Popen([sys.executable, "-m", module, *argv], env=env, cwd=cwd,
                                              stdout=out, stderr=err, stdin=subprocess.DEVNULL)
             self.pid = self.proc.pid
             return
@@ -173,6 +174,8 @@ class Forked:
             sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
             os.environ.clear()
             os.environ.update(env)
+            if cwd is not None:
+                os.chdir(cwd)
             import importlib
 
             code = importlib.import_module(module).main(argv)

@@ -9,6 +9,9 @@ input dimensions, an input of another dtype, an unknown op, an op of a custom do
 output, no output, NaN, infinite or huge (finite) weights, an opset or IR version from the future, two nodes
 writing one tensor, no nodes at all.
 
+The same for ``edgeplan run`` (the whole flow on its local Prefect server), each kind once: the fuzzed model's
+chain fails in its ingest task, or runs through to a published revision when edgeplan can compile it.
+
 Promise: the command exits 2 (or 0, for an input edgeplan can in fact compile: recorded per kind) with exactly
 one ``error:`` line naming the file (or the artifact it was being compiled into), a node or a tensor; no
 traceback; within a time limit; and every file already under the artifact root for other models and versions is
@@ -139,9 +142,10 @@ def _tree(root: Path, skip: Path) -> dict[str, str]:
 
 
 def run_model_fuzz(onnx_path: Path, keras_path: Path, arts: Path, env: dict, trials: int, seed: int, work: Path,
-                   limit_s: float = 300.0, kinds: tuple[str, ...] = KINDS) -> dict:
-    """``trials`` broken models through ``edgeplan compile`` into ``arts`` (which holds other results): each of
-    ``kinds`` once, in turn, then kinds drawn at random."""
+                   limit_s: float = 300.0, kinds: tuple[str, ...] = KINDS, command: str = "compile") -> dict:
+    """``trials`` broken models through ``edgeplan compile`` (``command`` "run": ``edgeplan run``, the whole flow
+    on Prefect, in ``work``) into ``arts`` (which holds other results): each of ``kinds`` once, in turn, then kinds
+    drawn at random."""
     rng = random.Random(seed)
     onnx_bytes, keras_bytes = onnx_path.read_bytes(), keras_path.read_bytes()
     rows, violations = [], []
@@ -152,10 +156,11 @@ def run_model_fuzz(onnx_path: Path, keras_path: Path, arts: Path, env: dict, tri
         data, suffix = mutate(kind, onnx_bytes, keras_bytes, rng)
         path = inputs / f"broken_{i:04d}{suffix}"
         path.write_bytes(data)
-        target = arts / "fuzzed" / str(i)
+        name = "fuzzed" if command == "compile" else f"fuzzed{i}"  # run: each its own deployment (<name>-solo)
+        target = arts / name / str(i)
         before = _tree(arts, target)
-        proc = Forked(["compile", str(path), "--name", "fuzzed", "--version", str(i), "--out", str(arts)], env, work,
-                      "compile", module="edgeplan.cli")
+        proc = Forked([command, str(path), "--name", name, "--version", str(i), "--out", str(arts)], env, work,
+                      command, module="edgeplan.cli", cwd=work if command == "run" else None)
         try:
             rc = proc.wait(limit_s)
             timed_out = False

@@ -18,8 +18,9 @@ signatures checked with ``cryptography`` over the canonical JSON, every blob has
 
 Campaign 2, kill-anywhere pull and activation, and a full disk mid-pull: bench/_pull_kills.py (its docstring
 says how trials run and are judged). Campaign 3, bundle fuzzing: bench/_bundle_fuzz.py. Campaign 4, model
-fuzzing (``edgeplan compile`` only): bench/_model_fuzz.py. Campaign 5's bad requests (not its overload half):
-bench/_bad_requests.py. The accuracy gate: ``accuracy_campaign`` below.
+fuzzing (``edgeplan compile``, and each kind once through ``edgeplan run``): bench/_model_fuzz.py. Campaign 6,
+store faults: bench/_store_faults.py (the proxy: bench/_proxy.py). Campaign 5's bad requests (not its overload
+half): bench/_bad_requests.py. The accuracy gate: ``accuracy_campaign`` below.
 
 Keys: publish_kill_trials (trials over both stores), publish_kill_violations (trials that broke a promise, each
 listed with its seed and what broke), and per store: trials, violations, boundary and random-time trials, the
@@ -29,8 +30,10 @@ bundle_accepted_mutations, bundle_tracebacks, bundle_unexpected_failures (refusa
 handler: a bug said in one line), bundle_violations (with every mutation under "bundle"); bad_requests,
 bad_request_5xx, bad_request_unanswered, bad_request_crashes, bad_request_good_failures,
 bad_request_rss_growth_mb, bad_request_violations (with every request under "requests"); model_inputs_tried,
-model_tracebacks, model_collateral_damage, model_violations (every input under "models", with its kind, exit
-status and error line); accuracy_float_top1, accuracy_int8_top1_min (digits_cnn, default calibration, the worst
+model_tracebacks, model_collateral_damage, model_violations (compile and run together; model_inputs_tried_compile
+and _run apart; every input under "models" and "models_run", with its kind, exit status and error line);
+store_fault_trials, store_fault_violations (every trial under "store_faults", with its operation, fault, exit status,
+time past the fault's end and last line); accuracy_float_top1, accuracy_int8_top1_min (digits_cnn, default calibration, the worst
 point), accuracy_int8_top1_min_broken_calibration, accuracy_gate_trips_on_bad_calibration (both runs under
 "accuracy").
 
@@ -38,7 +41,9 @@ point), accuracy_int8_top1_min_broken_calibration, accuracy_gate_trips_on_bad_ca
 store); `--pull-trials` random-time pull kills per kind (default 60, beside ~400 step boundaries);
 `--disk-trials` full-disk pulls per kind (default 12); `--mutations` (default 1000); `--quick` a few of each
 (the test suite runs subsets through ``run_trials``, ``run_pull_trials``, ``run_disk_full``, ``run_fuzz``).
-`--bad-requests` (default 400). `--models` (default 300). `--campaigns publish,pull,...` runs some and keeps the
+`--bad-requests` (default 400). `--models` (default 300; and each of the 27 kinds once through ``edgeplan run``).
+`--store-trials` per operation and fault (default 2: 32, and 4 with the store down for good).
+`--campaigns publish,pull,...` runs some and keeps the
 others' figures from the results file.
 """
 from __future__ import annotations
@@ -197,7 +202,7 @@ def run_trials(store_kind: str, base_uri: str, endpoint: str | None, bundles_: d
 
 
 # ---------------------------------------------------------------------------------------------- main
-CAMPAIGNS = ("publish", "pull", "bundle", "models", "requests", "accuracy")
+CAMPAIGNS = ("publish", "pull", "bundle", "models", "requests", "store", "accuracy")
 
 
 def main() -> int:
@@ -208,6 +213,7 @@ def main() -> int:
     ap.add_argument("--mutations", type=int, help="bundle mutations (default 1000; --quick 30)")
     ap.add_argument("--bad-requests", type=int, help="malformed HTTP requests (default 400; --quick 40)")
     ap.add_argument("--models", type=int, help="broken models to edgeplan compile (default 300; --quick 26)")
+    ap.add_argument("--store-trials", type=int, help="store-fault trials per operation and fault (default 2; --quick 1)")
     ap.add_argument("--quick", action="store_true", help="3 random-time trials per store and kind")
     ap.add_argument("--campaigns", default=",".join(CAMPAIGNS),
                     help=f"comma-separated, of {', '.join(CAMPAIGNS)} (default all); the others' figures are kept "
@@ -250,6 +256,8 @@ def main() -> int:
             result.update(requests_campaign(setup, args, quick, scratch))
         if "models" in chosen:
             result.update(models_campaign(args, quick, scratch))
+        if "store" in chosen:
+            result.update(store_campaign(built, key_path, public, params, args, quick, scratch))
         if "accuracy" in chosen:
             result.update(accuracy_campaign(args, scratch))
     finally:
@@ -260,6 +268,7 @@ def main() -> int:
                                           "bundle_mutations", "bundle_accepted_mutations", "bundle_tracebacks",
                                           "bad_requests", "bad_request_5xx", "bad_request_crashes",
                                           "model_inputs_tried", "model_tracebacks", "model_collateral_damage",
+                                          "store_fault_trials", "store_fault_violations",
                                           "accuracy_float_top1", "accuracy_int8_top1_min",
                                           "accuracy_gate_trips_on_bad_calibration"))
     return 0
@@ -349,12 +358,50 @@ def models_campaign(args, quick, scratch) -> dict:
     keras_path = _model_fuzz.small_keras(args.work / "small.keras", env)
     r = _model_fuzz.run_model_fuzz(arts / "tiny_cnn" / "1" / "model.onnx", keras_path, arts, env,
                                    args.models or (26 if quick else 300), args.seed + 5, scratch)
-    print(f"[reliability] model fuzzing: {r['tried']} broken models, {r['accepted']} compiled anyway, "
-          f"{r['tracebacks']} tracebacks, {r['collateral_damage']} with collateral damage; {r['violations']} "
+    print(f"[reliability] model fuzzing, edgeplan compile: {r['tried']} broken models, {r['accepted']} compiled "
+          f"anyway, {r['tracebacks']} tracebacks, {r['collateral_damage']} with collateral damage; {r['violations']} "
           "violations", flush=True)
-    return {"models": r, "model_inputs_tried": r["tried"], "model_tracebacks": r["tracebacks"],
-            "model_collateral_damage": r["collateral_damage"], "model_violations": r["violations"],
-            "models_commit": machine()["commit"]}
+    flow = scratch / "model-fuzz-run"  # edgeplan run: the whole flow, its local Prefect server here
+    flow.mkdir(exist_ok=True)
+    try:
+        f = _model_fuzz.run_model_fuzz(arts / "tiny_cnn" / "1" / "model.onnx", keras_path, arts, env,
+                                       len(_model_fuzz.KINDS) if not quick else 4, args.seed + 7, flow,
+                                       command="run")
+    finally:
+        subprocess.run([sys.executable, "-m", "edgeplan.cli", "server", "stop", "--out", str(arts)], cwd=flow,
+                       env=env, capture_output=True, check=False)
+    print(f"[reliability] model fuzzing, edgeplan run: {f['tried']} broken models, {f['accepted']} ran through, "
+          f"{f['tracebacks']} tracebacks, {f['collateral_damage']} with collateral damage; {f['violations']} "
+          "violations", flush=True)
+    return {"models": r, "models_run": f, "model_inputs_tried": r["tried"] + f["tried"],
+            "model_inputs_tried_compile": r["tried"], "model_inputs_tried_run": f["tried"],
+            "model_tracebacks": r["tracebacks"] + f["tracebacks"],
+            "model_collateral_damage": r["collateral_damage"] + f["collateral_damage"],
+            "model_violations": r["violations"] + f["violations"], "models_commit": machine()["commit"]}
+
+
+def store_campaign(built, key_path, public, params, args, quick, scratch) -> dict:
+    import _store_faults
+
+    from edgeplan.store.moto_server import moto_server
+
+    work = scratch / "store-faults"
+    work.mkdir(parents=True, exist_ok=True)
+    print("[reliability] store faults (moto S3 server behind a fault-injecting proxy) ...", flush=True)
+    with moto_server(log=work / "moto.log") as server:
+        faults = _store_faults.Faults(server, args.seed + 6, work)
+        try:
+            campaign = _store_faults.Campaign(server, faults, work, args.work / "artifacts", params, built, key_path,
+                                              public)
+            r = _store_faults.run_store_faults(campaign, args.store_trials or (1 if quick else 2), args.seed + 6)
+        finally:
+            faults.close()
+    print(f"[reliability] store faults: {r['trials']} trials, {r['failed']} operations failed (clearly or not), "
+          f"latest end {r['max_after_fault_s']:.1f} s after a fault; down for good, gave up after "
+          f"{', '.join(f'{op} {s:.1f} s' for op, s in r['down_give_up_s'].items())}; {r['violations']} violations",
+          flush=True)
+    return {"store_faults": r, "store_fault_trials": r["trials"], "store_fault_violations": r["violations"],
+            "store_commit": machine()["commit"]}
 
 
 BROKEN_CALIBRATION = {"kind": "random", "low": 0.0, "high": 0.05, "samples": 64, "seed": 0}
@@ -403,8 +450,9 @@ def plot(result: dict, path: Path) -> None:
     plt = pyplot()
     panels = [(name, s) for name, s in result.get("stores", {}).items()] + ([("pull", result["pull"])]
                                                                             if "pull" in result else [])
-    gate = result.get("accuracy")
-    fig, axes = plt.subplots(1, len(panels) + bool(gate), figsize=(6 * (len(panels) + bool(gate)), 4), squeeze=False)
+    gate, store = result.get("accuracy"), result.get("store_faults")
+    n = len(panels) + bool(gate) + bool(store)
+    fig, axes = plt.subplots(1, n, figsize=(6 * n, 4), squeeze=False)
     for ax, (name, s) in zip(axes[0], panels):
         after = "current_after_kill" if name == "pull" else "latest_after_kill"
         for kind, colour in (("first", "tab:blue"), ("next", "tab:orange")):
@@ -417,6 +465,19 @@ def plot(result: dict, path: Path) -> None:
         ax.set_yticks([0, 1, 2])
         ax.set_title(f"{'pull' if name == 'pull' else f'publish, {name}'}: {s['trials']} trials, {len(bad)} "
                      "violations")
+        ax.legend(fontsize=8)
+    if store:  # how long after its fault each operation ended, by operation and fault
+        ax = axes[0][len(panels)]
+        faults = list(store["by_fault"])
+        for k, op in enumerate(sorted({r["op"] for r in store["rows"]})):
+            rows = [r for r in store["rows"] if r["op"] == op]
+            ax.scatter([faults.index(r["fault"]) + 0.15 * (k - 1.5) for r in rows],
+                       [max(r["after_fault_s"], 0.01) for r in rows], label=op,
+                       marker="x" if any(r["failed"] for r in rows if r["fault"] != "down") else "o")
+        ax.set_xticks(range(len(faults)), faults)
+        ax.set_yscale("log")
+        ax.set_ylabel("s after the fault ended (down: after it began)")
+        ax.set_title(f"store faults: {store['trials']} trials, {store['violations']} violations")
         ax.legend(fontsize=8)
     if gate:  # float vs int8 top-1 per point, both calibrations
         ax = axes[0][-1]

@@ -36,6 +36,21 @@ def ensure_key(params: dict, key: str | None) -> str | None:
 PREFECT_SERVERS = ("local", "ephemeral")
 
 
+class QuietFailures:
+    """A logging filter for the console: without --verbose, a failed task or flow is said once, in the CLI's one
+    ``error:`` line, not also by Prefect's run loggers with its traceback and every downstream task's "NotReady"
+    (those records still go to the Prefect server's run logs), nor by the events worker's flush at exit."""
+
+    RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
+
+    def filter(self, record) -> bool:
+        import logging
+
+        if record.name in self.RUN_LOGGERS and record.levelno >= logging.ERROR:
+            return False
+        return not (record.name == "EventsWorker" and "Still processing items" in record.getMessage())
+
+
 def prefect_home(args) -> Path:
     return Path(args.out).resolve().parent / ".edgeplan" / "prefect"
 
@@ -49,6 +64,11 @@ def cmd_run(args, params) -> int:
 
     started = time.time()
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING" if not args.verbose else "INFO")
+    if not args.verbose:
+        import logging
+
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(QuietFailures())
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # offline; and its sqlite insert races
     # a fresh Prefect home migrates its database at the first start: on a busy 2-core machine that can take
     # longer than Prefect's 20 s default

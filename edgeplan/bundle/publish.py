@@ -61,9 +61,7 @@ def retrying(what: str, fn, attempts: int = 4, backoff_s: float = 0.5):
             raise
         except StoreError as e:
             if k == attempts - 1:
-                raise StoreError(f"{e} — gave up after {attempts} attempts ({what}); nothing after it was "
-                                 "written and `latest` still names the previous revision; re-run to "
-                                 "publish the rest") from e
+                raise StoreError(f"{e} — gave up after {attempts} attempts ({what})") from e
             log.warning("%s failed (%s); retrying in %.1f s", what, e, backoff_s * 2**k)
             time.sleep(backoff_s * 2**k)
     raise AssertionError("unreachable")
@@ -100,7 +98,18 @@ def publish(store, bundle: Bundle, key: keys.SigningKey, trusted: dict | None = 
             progress=None) -> PublishResult:
     """Publish ``bundle`` as the next revision of its deployment (see the module docstring).
     ``devices``: the registry's devices of this deployment (their ``devices/<id>.json`` are written);
-    ``progress(bytes)`` is called as blobs go up."""
+    ``progress(bytes)`` is called as blobs go up. A store that fails past the retries: a StoreError that says
+    what stays published."""
+    try:
+        return _publish(store, bundle, key, trusted, devices, progress)
+    except StoreKeyNotFound:
+        raise
+    except StoreError as e:  # latest is written last: it still names what it named
+        raise StoreError(f"{e}; nothing after it was written and `latest` still names the previous revision; "
+                         "re-run to publish the rest") from e
+
+
+def _publish(store, bundle: Bundle, key: keys.SigningKey, trusted: dict | None, devices, progress) -> PublishResult:
     trusted = dict(trusted or {})
     check_signing_key(key, trusted)
     trusted.setdefault(key.key_id, key.public)

@@ -41,7 +41,7 @@ DEFAULTS: dict = {
     "multidevice": {"objective": "throughput", "population": 100, "generations": 400, "mutation": 0.1,
                     "crossover": 0.5, "seed": 0, "repeats": 5},
     "orchestration": {"conversion_slots": 1, "reprofile_cron": "0 3 * * *", "prefect_server": "local",
-                      "prefect_server_idle_s": 1800},
+                      "prefect_server_idle_s": 1800, "dvc_timeout_s": 600},
     "publish": {"store": ".edgeplan/store", "trusted_keys": [".edgeplan/keys"]},
     "deployments": [
         {"name": "mobilenetv2-solo", "device_class": "coral-usb-emulated",

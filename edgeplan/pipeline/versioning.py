@@ -34,10 +34,17 @@ def workspace_lock(ws: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _run(ws: Path, *args: str) -> subprocess.CompletedProcess:
+DVC_TIMEOUT_S = 600.0  # params.yaml orchestration.dvc_timeout_s
+
+
+def _run(ws: Path, *args: str, timeout_s: float = DVC_TIMEOUT_S) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("dvc")
-    return subprocess.run([str(exe) if exe.exists() else "dvc", *args], cwd=ws, capture_output=True, text=True,
-                          check=False, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+    try:
+        return subprocess.run([str(exe) if exe.exists() else "dvc", *args], cwd=ws, capture_output=True, text=True,
+                              check=False, env={**os.environ, "DVC_NO_ANALYTICS": "1"}, timeout=timeout_s)
+    except subprocess.TimeoutExpired:  # subprocess.run has killed it
+        raise VersioningError(f"dvc {' '.join(args)} in {ws} did not finish in {timeout_s:g} s "
+                              "(orchestration.dvc_timeout_s): is the DVC remote reachable? Re-run to finish") from None
 
 
 def _default_remote(ws: Path) -> str:
@@ -46,10 +53,12 @@ def _default_remote(ws: Path) -> str:
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
-def _dvc(ws: Path, *args: str) -> str:
-    proc = _run(ws, *args)
-    if proc.returncode != 0:
-        raise VersioningError(f"dvc {' '.join(args)} in {ws} failed: {(proc.stdout + proc.stderr).strip()[-1500:]}")
+def _dvc(ws: Path, *args: str, timeout_s: float = DVC_TIMEOUT_S) -> str:
+    proc = _run(ws, *args, timeout_s=timeout_s)
+    if proc.returncode != 0:  # DVC's ERROR lines say why (its -q hides them), else the tail of what it printed
+        said = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("ERROR")]
+        why = " ".join(said) or " ".join((proc.stdout + proc.stderr).split())[-1500:]
+        raise VersioningError(f"dvc {' '.join(args)} in {ws} failed (exit {proc.returncode}): {why}")
     return proc.stdout
 
 
@@ -58,6 +67,7 @@ def version_artifacts(model_dir: Path, params: dict) -> dict:
     model_dir = Path(model_dir).resolve()
     name, version = model_dir.parent.name, model_dir.name
     ws = model_dir.parents[2]
+    limit = float((params.get("orchestration") or {}).get("dvc_timeout_s", DVC_TIMEOUT_S))
     with workspace_lock(ws):
         if not (ws / ".dvc").is_dir():
             _dvc(ws, "init", *([] if (ws / ".git").exists() else ["--no-scm"]), "-q")
@@ -69,11 +79,11 @@ def version_artifacts(model_dir: Path, params: dict) -> dict:
         if (ws / "dvc.yaml").is_file() and (name, version) in listed and model_dir.parent.parent.name == "artifacts":
             i = listed.index((name, version))
             stages = [f"{s}@{i}" for s in ("ingest", "build", "verify", "stream", "parallax", "profile")]
-            _dvc(ws, "commit", "-f", "-q", *stages)
+            _dvc(ws, "commit", "-f", *stages, timeout_s=limit)
             how = f"dvc commit {' '.join(stages)}"
         else:
-            _dvc(ws, "add", "-q", str(model_dir.relative_to(ws)))
+            _dvc(ws, "add", str(model_dir.relative_to(ws)), timeout_s=limit)
             how = f"dvc add {model_dir.relative_to(ws)}"
-        _dvc(ws, "push", "-q")
+        _dvc(ws, "push", timeout_s=limit)  # no -q anywhere: it hides the ERROR line of a failure
         remote = _default_remote(ws)
     return {"model": name, "version": version, "workspace": str(ws), "recorded_by": how, "remote": remote}

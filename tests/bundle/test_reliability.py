@@ -61,24 +61,31 @@ def test_the_fault_hook_kills_before_the_nth_store_call(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- pulls
 @pytest.fixture(scope="module")
-def device(campaign, deployment_root, tmp_path_factory):
-    """A local store holding revision 1 (tiny_cnn planned at another rate: another plan blob) and revision 2,
-    and a device directory template with revision 1 active (bench/_pull_kills.prepare)."""
+def two_bundles(campaign, deployment_root, tmp_path_factory):
+    """Bundles A (tiny_cnn planned at another rate: another plan blob) and B of deployment solo."""
     import copy
     import shutil
 
-    import _pull_kills
-
     from edgeplan.pipeline.planning import plan_swapless
 
-    _, bundles, key_path, params = campaign
+    _, bundles, _, params = campaign
     root, _ = deployment_root
     root_a = tmp_path_factory.mktemp("bundle-a")
     shutil.copytree(root, root_a, dirs_exist_ok=True)
     params_a = copy.deepcopy(params)
     params_a["deployments"][0]["models"][0]["rate"] = 10.0
     plan_swapless(root_a, "solo", params_a)
-    built = {"A": build(root_a, "solo", params_a), "B": bundles["B"]}
+    return {"A": build(root_a, "solo", params_a), "B": bundles["B"]}
+
+
+@pytest.fixture(scope="module")
+def device(campaign, two_bundles, tmp_path_factory):
+    """A local store holding revision 1 (bundle A) and revision 2 (B), and a device directory template with
+    revision 1 active (bench/_pull_kills.prepare)."""
+    import _pull_kills
+
+    _, _, key_path, params = campaign
+    built = two_bundles
     work = tmp_path_factory.mktemp("pull-campaign")
     return _pull_kills.prepare(work, built, key_path, params, keys.load_signing_key(key_path).public), work
 
@@ -162,3 +169,30 @@ def test_bad_requests_to_a_real_serve_get_4xx_and_it_stays_up(device):
                                        work=work, slow=2, request_timeout_s=1.0)
     assert r["sent"] == 42 and r["violations"] == 0, r["violated"]
     assert r["five_xx"] == 0 and r["unanswered"] == 0 and not r["crashed"] and r["good_failed"] == 0
+
+
+# ---------------------------------------------------------------------------------------------- store faults
+def test_store_faults_during_publish_pull_telemetry_and_dvc_push(campaign, two_bundles, deployment_root, tmp_path):
+    """Campaign 6's subset: the S3 server behind the fault proxy restarted and resetting connections during each
+    operation (real processes: edgeplan publish, edgeplan-runtime pull and profile, the versioning step's DVC),
+    and down for good during the telemetry upload and the DVC push: each ends within its retry bound, cleanly,
+    leaves nothing half-written, and a rerun completes."""
+    import _store_faults
+
+    from edgeplan.store.moto_server import moto_server
+
+    _, _, key_path, params = campaign
+    root, _ = deployment_root
+    with moto_server(log=tmp_path / "moto.log") as server:
+        faults = _store_faults.Faults(server, 3, tmp_path)
+        try:
+            c = _store_faults.Campaign(server, faults, tmp_path, root, params, two_bundles, key_path,
+                                       keys.load_signing_key(key_path).public)
+            r = _store_faults.run_store_faults(c, 1, 17, faults=("restart", "resets"),
+                                               down_ops=("telemetry", "dvc"))
+        finally:
+            faults.close()
+    assert r["trials"] == 10 and r["violations"] == 0, r["violated"]
+    downs = [row for row in r["rows"] if row["fault"] == "down"]
+    assert all(row["failed"] and row["message"].startswith("error:") for row in downs), downs
+    assert any("dvc push" in row["message"] and "Could not connect" in row["message"] for row in downs), downs

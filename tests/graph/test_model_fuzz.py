@@ -26,7 +26,8 @@ EXPECTED = {
 }
 
 
-def test_broken_models_end_in_one_line_and_harm_nothing_else(compiled, tmp_path):
+def _fuzz_root(compiled, tmp_path):
+    """(the bench module, an artifact root holding tiny_cnn's results, the commands' environment, a valid .keras)."""
     sys.path.insert(0, str(BENCH))
     import _model_fuzz
 
@@ -34,7 +35,11 @@ def test_broken_models_end_in_one_line_and_harm_nothing_else(compiled, tmp_path)
     arts = tmp_path / "artifacts"
     shutil.copytree(d, arts / "tiny_cnn" / "1")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    keras_path = _model_fuzz.small_keras(tmp_path / "small.keras", env)
+    return _model_fuzz, arts, env, _model_fuzz.small_keras(tmp_path / "small.keras", env)
+
+
+def test_broken_models_end_in_one_line_and_harm_nothing_else(compiled, tmp_path):
+    _model_fuzz, arts, env, keras_path = _fuzz_root(compiled, tmp_path)
     kinds = tuple(EXPECTED)  # seed 2 draws 3e38 into conv4.w for huge-weight: the TFLite quantizer crashes on it
     r = _model_fuzz.run_model_fuzz(arts / "tiny_cnn" / "1" / "model.onnx", keras_path, arts, env, len(kinds),
                                    seed=2, work=tmp_path / "work", limit_s=240, kinds=kinds)
@@ -43,3 +48,23 @@ def test_broken_models_end_in_one_line_and_harm_nothing_else(compiled, tmp_path)
     for row in r["rows"]:
         assert row["exit"] == 2, row
         assert EXPECTED[row["kind"]] in row["message"], row
+
+
+def test_a_broken_model_given_to_edgeplan_run_fails_its_flow_in_one_line(compiled, tmp_path):
+    """Regression (campaign 4 through ``edgeplan run``): the flow failed with the same one error line at its end,
+    but before it Prefect's run loggers printed the ingest task's traceback, a "NotReady" line for every task
+    downstream, and the events worker's flush warning. The whole flow runs here, on its local Prefect server."""
+    import subprocess
+
+    _model_fuzz, arts, env, keras_path = _fuzz_root(compiled, tmp_path)
+    kinds = ("truncate", "cycle")
+    (tmp_path / "work").mkdir()
+    try:
+        r = _model_fuzz.run_model_fuzz(arts / "tiny_cnn" / "1" / "model.onnx", keras_path, arts, env, len(kinds),
+                                       seed=2, work=tmp_path / "work", limit_s=240, kinds=kinds, command="run")
+    finally:
+        subprocess.run([sys.executable, "-m", "edgeplan.cli", "server", "stop", "--out", str(arts)],
+                       cwd=tmp_path / "work", env=env, capture_output=True, check=False)
+    assert r["tried"] == 2 and r["violations"] == 0, r["violated"]
+    for row, said in zip(r["rows"], ("not a readable ONNX model", "has a cycle through")):
+        assert row["exit"] == 2 and said in row["message"] and row["stderr_lines"] == 1, row
