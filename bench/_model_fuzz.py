@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -144,53 +145,58 @@ def _tree(root: Path, skip: Path) -> dict[str, str]:
 def run_model_fuzz(onnx_path: Path, keras_path: Path, arts: Path, env: dict, trials: int, seed: int, work: Path,
                    limit_s: float = 300.0, kinds: tuple[str, ...] = KINDS, command: str = "compile") -> dict:
     """``trials`` broken models through ``edgeplan compile`` (``command`` "run": ``edgeplan run``, the whole flow
-    on Prefect, in ``work``) into ``arts`` (which holds other results): each of ``kinds`` once, in turn, then kinds
-    drawn at random."""
+    on its local Prefect server, in ``work``; the server is stopped after) into ``arts`` (which holds other
+    results): each of ``kinds`` once, in turn, then kinds drawn at random."""
     rng = random.Random(seed)
     onnx_bytes, keras_bytes = onnx_path.read_bytes(), keras_path.read_bytes()
     rows, violations = [], []
     inputs = work / "broken"
     inputs.mkdir(parents=True, exist_ok=True)
-    for i in range(trials):
-        kind = kinds[i] if i < len(kinds) else rng.choice(kinds)
-        data, suffix = mutate(kind, onnx_bytes, keras_bytes, rng)
-        path = inputs / f"broken_{i:04d}{suffix}"
-        path.write_bytes(data)
-        name = "fuzzed" if command == "compile" else f"fuzzed{i}"  # run: each its own deployment (<name>-solo)
-        target = arts / name / str(i)
-        before = _tree(arts, target)
-        proc = Forked([command, str(path), "--name", name, "--version", str(i), "--out", str(arts)], env, work,
-                      command, module="edgeplan.cli", cwd=work if command == "run" else None)
-        try:
-            rc = proc.wait(limit_s)
-            timed_out = False
-        except RuntimeError:
-            rc, timed_out = proc.rc, True
-        err = proc.stderr()
-        errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
-        broke = []
-        if timed_out:
-            broke.append(f"no answer in {limit_s:.0f} s")
-        elif rc not in (0, 2):
-            broke.append(f"exit {rc}")
-        if "Traceback" in err:
-            broke.append("a traceback")
-        if rc == 2:
-            if len(errors) != 1:
-                broke.append(f"{len(errors)} error lines")
-            elif not (path.name in errors[0] or str(target) in errors[0] or any(
-                    re.search(rf"\b{re.escape(n)}\b", errors[0]) for n in _names(data))):
-                broke.append("the error line names neither the file nor a node or tensor")
-        after = _tree(arts, target)
-        changed = sorted(k for k, v in before.items() if after.get(k) != v)
-        if changed:
-            broke.append(f"{len(changed)} files of other models or versions changed or lost: {changed[:3]}")
-        record(rows, violations, {"trial": i, "seed": seed, "kind": kind, "file": path.name, "exit": rc,
-                                  "seconds": round(getattr(proc, "seconds", limit_s), 2),
-                                  "message": errors[0][:300] if errors else err.strip()[-300:],
-                                  "stderr_lines": len(err.splitlines()), "violations": broke}, "model fuzzing, inputs",
-               trials)
-        path.unlink()
+    try:
+        for i in range(trials):
+            kind = kinds[i] if i < len(kinds) else rng.choice(kinds)
+            data, suffix = mutate(kind, onnx_bytes, keras_bytes, rng)
+            path = inputs / f"broken_{i:04d}{suffix}"
+            path.write_bytes(data)
+            name = "fuzzed" if command == "compile" else f"fuzzed{i}"  # run: each its own deployment (<name>-solo)
+            target = arts / name / str(i)
+            before = _tree(arts, target)
+            proc = Forked([command, str(path), "--name", name, "--version", str(i), "--out", str(arts)], env, work,
+                          command, module="edgeplan.cli", cwd=work if command == "run" else None)
+            try:
+                rc = proc.wait(limit_s)
+                timed_out = False
+            except RuntimeError:
+                rc, timed_out = proc.rc, True
+            err = proc.stderr()
+            errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+            broke = []
+            if timed_out:
+                broke.append(f"no answer in {limit_s:.0f} s")
+            elif rc not in (0, 2):
+                broke.append(f"exit {rc}")
+            if "Traceback" in err:
+                broke.append("a traceback")
+            if rc == 2:
+                if len(errors) != 1:
+                    broke.append(f"{len(errors)} error lines")
+                elif not (path.name in errors[0] or str(target) in errors[0] or any(
+                        re.search(rf"\b{re.escape(n)}\b", errors[0]) for n in _names(data))):
+                    broke.append("the error line names neither the file nor a node or tensor")
+            after = _tree(arts, target)
+            changed = sorted(k for k, v in before.items() if after.get(k) != v)
+            if changed:
+                broke.append(f"{len(changed)} files of other models or versions changed or lost: {changed[:3]}")
+            record(rows, violations, {"trial": i, "seed": seed, "kind": kind, "file": path.name, "exit": rc,
+                                      "seconds": round(getattr(proc, "seconds", limit_s), 2),
+                                      "message": errors[0][:300] if errors else err.strip()[-300:],
+                                      "stderr_lines": len(err.splitlines()), "violations": broke},
+                   "model fuzzing, inputs", trials)
+            path.unlink()
+    finally:
+        if command == "run":  # the runs' local Prefect server (beside the artifact root) stops with them
+            subprocess.run([sys.executable, "-m", "edgeplan.cli", "server", "stop", "--out", str(arts)], cwd=work,
+                           env=env, capture_output=True, check=False)
     print(file=sys.stderr)
     by: dict = {}
     for r in rows:

@@ -28,8 +28,8 @@ class Proxy:
         self.upstream, self.rng = upstream, random.Random(seed)
         self.slow_s, self.reset_p = 0.0, 0.0
         self.lock = threading.Lock()
-        self.live: set[socket.socket] = set()
-        self.budgets: list[list] = []  # per open connection: bytes it may still forward before a reset (None: all)
+        # per open connection: (client socket, upstream socket, [bytes it may still forward before a reset, or None])
+        self.open: list[tuple[socket.socket, socket.socket, list]] = []
         self.listener: socket.socket | None = None
         self.port = 0
 
@@ -53,18 +53,26 @@ class Proxy:
             self.listener.close()
             self.listener = None
         with self.lock:
-            live, self.live, self.budgets = list(self.live), set(), []
-        for s in live:
-            _reset(s)
+            pairs, self.open = self.open, []
+        for client, server, _ in pairs:
+            _reset(client)
+            _reset(server)
 
     def resets(self, p: float) -> None:
         """From now on, each new connection and each open one is reset with probability ``p`` after a random
         0..256 KiB more."""
         with self.lock:
             self.reset_p = p
-            for budget in self.budgets:
+            for _, _, budget in self.open:
                 if self.rng.random() < p:
                     budget[0] = self.rng.randint(0, MAX_RESET_AFTER)
+
+    def calm(self) -> None:
+        """No delay, no resets, for open connections too."""
+        with self.lock:
+            self.slow_s, self.reset_p = 0.0, 0.0
+            for _, _, budget in self.open:
+                budget[0] = None
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -79,11 +87,8 @@ class Proxy:
                 _reset(client)
                 continue
             with self.lock:
-                cut = self.rng.randint(0, MAX_RESET_AFTER) if self.rng.random() < self.reset_p else None
-                self.live |= {client, server}
-            budget = [cut]
-            with self.lock:
-                self.budgets.append(budget)
+                budget = [self.rng.randint(0, MAX_RESET_AFTER) if self.rng.random() < self.reset_p else None]
+                self.open.append((client, server, budget))
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=self._pump, args=(a, b, budget), daemon=True).start()
 
@@ -108,8 +113,7 @@ class Proxy:
             for s in (src, dst):
                 _reset(s)
             with self.lock:
-                self.live -= {src, dst}
-                self.budgets = [b for b in self.budgets if b is not budget]
+                self.open = [pair for pair in self.open if pair[2] is not budget]
 
 
 def _reset(s: socket.socket) -> None:
@@ -138,11 +142,7 @@ def main(argv: list[str]) -> int:
         elif cmd in ("up", "normal"):
             proxy.up()
             if cmd == "normal":
-                proxy.slow_s = 0.0
-                proxy.resets(0.0)
-                with proxy.lock:
-                    for budget in proxy.budgets:
-                        budget[0] = None
+                proxy.calm()
         else:
             print(f"unknown command {cmd!r}", flush=True)
             continue

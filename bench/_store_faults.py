@@ -8,7 +8,8 @@ store operations:
   uploads its measurements (``jobs/<id>/result/<device>.json``: the only thing a device writes to the store);
 - ``dvc``: the flow's versioning step (``pipeline.versioning.version_artifacts``, what the ``version`` task runs:
   ``dvc add`` of a model version's artifact directory, then ``dvc push``) to a fresh remote prefix.
-At a uniformly random time within the first 3/4 of the operation's measured clean duration, one fault starts and lasts d s:
+At a uniformly random time within the first 3/4 of the operation's measured clean duration, one fault starts
+and lasts d s:
 - ``pause``: the S3 server SIGSTOPped, SIGCONTinued after d in [0.5, 4] s;
 - ``restart``: the endpoint goes away (the proxy's listener closed, every connection reset: connections
   refused) and comes back after d in [0.5, 4] s (moto keeps its objects in memory, so its own process is not
@@ -39,9 +40,12 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from _faults import DEPLOYMENT, DEVICE, REPO, Forked, publisher, record, wait
+
+from edgeplan.pipeline import versioning
 
 BUCKET = "edgeplan"
 FAULTS = ("pause", "restart", "slow", "resets")
@@ -99,6 +103,19 @@ class Faults:
         self.proc.wait(timeout=10)
 
 
+@contextmanager
+def started(work: Path, arts: Path, params_b: dict, bundles_: dict, key_path: Path, public, seed: int):
+    """A ``Campaign`` over a moto server started here behind a fault proxy (both stopped after)."""
+    from edgeplan.store.moto_server import moto_server
+
+    with moto_server(log=work / "moto.log") as server:
+        faults = Faults(server, seed, work)
+        try:
+            yield Campaign(server, faults, work, arts, params_b, bundles_, key_path, public)
+        finally:
+            faults.close()
+
+
 # ---------------------------------------------------------------------------------------------- the operations
 class Campaign:
     """What the trials share: the S3 server, the proxy, the key, the deployment's artifacts, a device template
@@ -152,15 +169,8 @@ class Campaign:
         repo = self.work / "dvc-workspace"
         shutil.rmtree(repo, ignore_errors=True)
         shutil.copytree(arts / "tiny_cnn" / "1", repo / "artifacts" / "tiny_cnn" / "1")
-        self._dvc(repo, ["init", "--no-scm", "-q"], check=True)
+        versioning._dvc(repo, "init", "--no-scm", "-q")
         return repo
-
-    def _dvc(self, repo: Path, argv: list[str], check: bool = False, env: dict | None = None):
-        res = subprocess.run([str(Path(sys.executable).with_name("dvc")), *argv], cwd=repo, env=env or self.env,
-                             capture_output=True, text=True, timeout=BOUND_S["dvc"] + 60, check=False)
-        if check and res.returncode != 0:
-            raise RuntimeError(f"dvc {' '.join(argv)} failed: {res.stderr.strip()[-300:]}")
-        return res
 
     def fresh(self, op: str, kind: str) -> dict:
         """A fresh target for one trial of ``op``: {uri or dest, what the judge needs}."""
@@ -191,8 +201,8 @@ class Campaign:
             return {"dest": dest, "job_uri": f"s3://{BUCKET}/{root}/jobs/{job['id']}/job.json",
                     "result_key": f"{root}/jobs/{job['id']}/result/{DEVICE}.json", "job": job["id"]}
         remote = f"s3://{BUCKET}/store-faults/dvc/{tag}"
-        self._dvc(self.dvc_repo, ["remote", "add", "-f", "-d", "store", remote], check=True)
-        self._dvc(self.dvc_repo, ["remote", "modify", "store", "endpointurl", self.faults.url], check=True)
+        versioning._dvc(self.dvc_repo, "remote", "add", "-f", "-d", "store", remote)
+        versioning._dvc(self.dvc_repo, "remote", "modify", "store", "endpointurl", self.faults.url)
         return {"prefix": f"store-faults/dvc/{tag}/"}
 
     def start(self, op: str, target: dict):
@@ -249,13 +259,13 @@ class Campaign:
             ok = doc.get("job") == target["job"] and doc.get("device_id") == DEVICE and "tiny_cnn" in doc.get(
                 "profiles", {})
             return [] if ok else ["the result object is incomplete"]
-        wrong = []
-        for key, data in self.objects(target["prefix"]).items():
+        wrong, remote = [], self.objects(target["prefix"])
+        for key, data in remote.items():
             want = key[len(target["prefix"]):].replace("files/md5/", "").replace("/", "").removesuffix(".dir")
             if hashlib.md5(data).hexdigest() != want:
                 wrong.append(f"DVC object {key} does not hash to its name")
-        if finished and self.dvc_objects is not None and len(self.objects(target["prefix"])) != self.dvc_objects:
-            wrong.append(f"dvc push finished but {len(self.objects(target['prefix']))} of {self.dvc_objects} "
+        if finished and self.dvc_objects is not None and len(remote) != self.dvc_objects:
+            wrong.append(f"dvc push finished but {len(remote)} of {self.dvc_objects} "
                          "objects are in the remote")
         return wrong
 
@@ -351,7 +361,7 @@ def run_store_faults(c: Campaign, per_fault: int, seed: int, ops=OPS, faults=FAU
         started, ended_before = time.perf_counter(), proc.poll() is not None
         what = c.faults.start(fault, rng)
         if fault == "down":  # until the operation gives up (or finishes): its time from the fault on
-            rc = proc.wait(BOUND_S[op] + 60)
+            proc.wait(BOUND_S[op] + 60)
         else:
             end = started + what["seconds"]
             while time.perf_counter() < end:

@@ -363,13 +363,8 @@ def models_campaign(args, quick, scratch) -> dict:
           "violations", flush=True)
     flow = scratch / "model-fuzz-run"  # edgeplan run: the whole flow, its local Prefect server here
     flow.mkdir(exist_ok=True)
-    try:
-        f = _model_fuzz.run_model_fuzz(arts / "tiny_cnn" / "1" / "model.onnx", keras_path, arts, env,
-                                       len(_model_fuzz.KINDS) if not quick else 4, args.seed + 7, flow,
-                                       command="run")
-    finally:
-        subprocess.run([sys.executable, "-m", "edgeplan.cli", "server", "stop", "--out", str(arts)], cwd=flow,
-                       env=env, capture_output=True, check=False)
+    f = _model_fuzz.run_model_fuzz(arts / "tiny_cnn" / "1" / "model.onnx", keras_path, arts, env,
+                                   len(_model_fuzz.KINDS) if not quick else 4, args.seed + 7, flow, command="run")
     print(f"[reliability] model fuzzing, edgeplan run: {f['tried']} broken models, {f['accepted']} ran through, "
           f"{f['tracebacks']} tracebacks, {f['collateral_damage']} with collateral damage; {f['violations']} "
           "violations", flush=True)
@@ -383,19 +378,11 @@ def models_campaign(args, quick, scratch) -> dict:
 def store_campaign(built, key_path, public, params, args, quick, scratch) -> dict:
     import _store_faults
 
-    from edgeplan.store.moto_server import moto_server
-
     work = scratch / "store-faults"
     work.mkdir(parents=True, exist_ok=True)
     print("[reliability] store faults (moto S3 server behind a fault-injecting proxy) ...", flush=True)
-    with moto_server(log=work / "moto.log") as server:
-        faults = _store_faults.Faults(server, args.seed + 6, work)
-        try:
-            campaign = _store_faults.Campaign(server, faults, work, args.work / "artifacts", params, built, key_path,
-                                              public)
-            r = _store_faults.run_store_faults(campaign, args.store_trials or (1 if quick else 2), args.seed + 6)
-        finally:
-            faults.close()
+    with _store_faults.started(work, args.work / "artifacts", params, built, key_path, public, args.seed + 6) as c:
+        r = _store_faults.run_store_faults(c, args.store_trials or (1 if quick else 2), args.seed + 6)
     print(f"[reliability] store faults: {r['trials']} trials, {r['failed']} operations failed (clearly or not), "
           f"latest end {r['max_after_fault_s']:.1f} s after a fault; down for good, gave up after "
           f"{', '.join(f'{op} {s:.1f} s' for op, s in r['down_give_up_s'].items())}; {r['violations']} violations",

@@ -179,19 +179,11 @@ def test_store_faults_during_publish_pull_telemetry_and_dvc_push(campaign, two_b
     leaves nothing half-written, and a rerun completes."""
     import _store_faults
 
-    from edgeplan.store.moto_server import moto_server
-
     _, _, key_path, params = campaign
     root, _ = deployment_root
-    with moto_server(log=tmp_path / "moto.log") as server:
-        faults = _store_faults.Faults(server, 3, tmp_path)
-        try:
-            c = _store_faults.Campaign(server, faults, tmp_path, root, params, two_bundles, key_path,
-                                       keys.load_signing_key(key_path).public)
-            r = _store_faults.run_store_faults(c, 1, 17, faults=("restart", "resets"),
-                                               down_ops=("telemetry", "dvc"))
-        finally:
-            faults.close()
+    with _store_faults.started(tmp_path, root, params, two_bundles, key_path, keys.load_signing_key(key_path).public,
+                               3) as c:
+        r = _store_faults.run_store_faults(c, 1, 17, faults=("restart", "resets"), down_ops=("telemetry", "dvc"))
     assert r["trials"] == 10 and r["violations"] == 0, r["violated"]
     downs = [row for row in r["rows"] if row["fault"] == "down"]
     assert all(row["failed"] and row["message"].startswith("error:") for row in downs), downs
