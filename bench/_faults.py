@@ -219,3 +219,39 @@ class Forked:
 
     def stderr(self) -> str:
         return self.err.read_text(errors="replace") if self.err.is_file() else ""
+
+
+class Popened:
+    """``Forked``'s interface over a plain subprocess in its own session (DVC is its own program; ``edgeplan run``
+    imports TensorFlow): ``kill`` ends it with every child it started."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: dict, logs: Path, tag: str = "dvc"):
+        self.out, self.err = logs / f"{tag}.stdout", logs / f"{tag}.stderr"
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)  # its DVC children are killed with it
+        self.t0, self.rc, self.seconds = time.perf_counter(), None, None
+
+    def poll(self) -> int | None:
+        self.rc = self.proc.poll()
+        if self.rc is not None and self.seconds is None:
+            self.seconds = time.perf_counter() - self.t0
+        return self.rc
+
+    def wait(self, timeout: float = 300.0) -> int:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        return self.poll()
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait()
+
+    def stdout(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def stderr(self) -> str:
+        return self.err.read_text(errors="replace")

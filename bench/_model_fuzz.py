@@ -7,7 +7,8 @@ bytes truncated, bit-flipped, zeroed, emptied or replaced by garbage (ONNX and K
 cycle, a dangling node input, an initializer removed, a weight of the wrong shape or byte count, zero or huge
 input dimensions, an input of another dtype, an unknown op, an op of a custom domain, a second input or
 output, no output, NaN, infinite or huge (finite) weights, an opset or IR version from the future, two nodes
-writing one tensor, no nodes at all.
+writing one tensor, no nodes at all; and a valid model over the size limit (``ingest.max_model_bytes``, 4 MiB for
+every trial here: tiny_cnn padded with an unused initializer past it).
 
 The same for ``edgeplan run`` (the whole flow on its local Prefect server), each kind once: the fuzzed model's
 chain fails in its ingest task, or runs through to a published revision when edgeplan can compile it.
@@ -34,7 +35,8 @@ from onnx import TensorProto, helper, numpy_helper
 KINDS = ("truncate", "flip", "zero", "empty", "garbage", "keras-truncate", "keras-flip", "cycle", "dangling",
          "no-initializer", "weight-shape", "weight-bytes", "zero-dim", "huge-dim", "input-dtype", "unknown-op",
          "custom-domain", "two-inputs", "two-outputs", "no-output", "nan-weights", "inf-weights", "huge-weight",
-         "future-opset", "future-ir", "duplicate-output", "no-nodes")
+         "future-opset", "future-ir", "duplicate-output", "no-nodes", "oversize")
+SIZE_LIMIT = 4 << 20  # ingest.max_model_bytes for every trial: an "oversize" model is a valid one padded past it
 
 
 def _weights(m: onnx.ModelProto) -> list[onnx.TensorProto]:
@@ -121,6 +123,9 @@ def mutate(kind: str, onnx_bytes: bytes, keras_bytes: bytes, rng: random.Random)
         nodes[j].output[0] = nodes[i].output[0]
     elif kind == "no-nodes":
         del g.node[:]
+    elif kind == "oversize":
+        pad = rng.randrange(1, 1 << 20)
+        g.initializer.append(numpy_helper.from_array(np.zeros(SIZE_LIMIT // 4 + pad, np.float32), "padding"))
     else:
         raise ValueError(kind)
     return m.SerializeToString(), suffix
@@ -152,6 +157,8 @@ def run_model_fuzz(onnx_path: Path, keras_path: Path, arts: Path, env: dict, tri
     rows, violations = [], []
     inputs = work / "broken"
     inputs.mkdir(parents=True, exist_ok=True)
+    limits = work / "fuzz_params.yaml"
+    limits.write_text(f"ingest: {{max_model_bytes: {SIZE_LIMIT}}}\n")
     try:
         for i in range(trials):
             kind = kinds[i] if i < len(kinds) else rng.choice(kinds)
@@ -161,7 +168,7 @@ def run_model_fuzz(onnx_path: Path, keras_path: Path, arts: Path, env: dict, tri
             name = "fuzzed" if command == "compile" else f"fuzzed{i}"  # run: each its own deployment (<name>-solo)
             target = arts / name / str(i)
             before = _tree(arts, target)
-            proc = Forked([command, str(path), "--name", name, "--version", str(i), "--out", str(arts)], env, work,
+            proc = Forked(["--params", str(limits), command, str(path), "--name", name, "--version", str(i), "--out", str(arts)], env, work,
                           command, module="edgeplan.cli", cwd=work if command == "run" else None)
             try:
                 rc = proc.wait(limit_s)

@@ -43,7 +43,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from _faults import DEPLOYMENT, DEVICE, REPO, Forked, publisher, record, wait
+from _faults import DEPLOYMENT, DEVICE, REPO, Forked, Popened, publisher, record, wait
 
 from edgeplan.pipeline import versioning
 
@@ -280,41 +280,6 @@ except EdgeplanError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
 """  # the flow's version task, without Prefect around it
-
-
-class Popened:
-    """``Forked``'s interface over a plain subprocess (DVC is its own program)."""
-
-    def __init__(self, argv: list[str], cwd: Path, env: dict, logs: Path):
-        self.out, self.err = logs / "dvc.stdout", logs / "dvc.stderr"
-        with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)  # its DVC children are killed with it
-        self.t0, self.rc, self.seconds = time.perf_counter(), None, None
-
-    def poll(self) -> int | None:
-        self.rc = self.proc.poll()
-        if self.rc is not None and self.seconds is None:
-            self.seconds = time.perf_counter() - self.t0
-        return self.rc
-
-    def wait(self, timeout: float = 300.0) -> int:
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-        return self.poll()
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        if self.poll() is None:
-            os.killpg(self.proc.pid, sig)
-            self.proc.wait()
-
-    def stdout(self) -> str:
-        return self.out.read_text(errors="replace")
-
-    def stderr(self) -> str:
-        return self.err.read_text(errors="replace")
 
 
 def clear_failure(proc) -> list[str]:

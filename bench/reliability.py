@@ -91,9 +91,9 @@ class Reader:
             return None
 
 
-def judge(reader: Reader, public) -> tuple[int | None, list[str]]:
+def judge(reader: Reader, public, deployment: str = DEPLOYMENT) -> tuple[int | None, list[str]]:
     """(revision ``latest`` names or None when absent, what is wrong with it)."""
-    raw = reader.get(f"deployments/{DEPLOYMENT}/latest")
+    raw = reader.get(f"deployments/{deployment}/latest")
     if raw is None:
         return None, []
     try:
@@ -103,7 +103,7 @@ def judge(reader: Reader, public) -> tuple[int | None, list[str]]:
     if not signed(latest, public):
         return -1, ["latest's signature does not verify"]
     rev = latest.get("revision")
-    mraw = reader.get(f"deployments/{DEPLOYMENT}/{rev}/manifest.json")
+    mraw = reader.get(f"deployments/{deployment}/{rev}/manifest.json")
     if mraw is None:
         return rev, [f"latest names revision {rev}, whose manifest is absent"]
     if hashlib.sha256(mraw).hexdigest() != latest.get("manifest_sha256"):
@@ -202,7 +202,7 @@ def run_trials(store_kind: str, base_uri: str, endpoint: str | None, bundles_: d
 
 
 # ---------------------------------------------------------------------------------------------- main
-CAMPAIGNS = ("publish", "pull", "bundle", "models", "requests", "store", "accuracy")
+CAMPAIGNS = ("publish", "pull", "bundle", "models", "requests", "store", "flow", "accuracy")
 
 
 def main() -> int:
@@ -214,6 +214,7 @@ def main() -> int:
     ap.add_argument("--bad-requests", type=int, help="malformed HTTP requests (default 400; --quick 40)")
     ap.add_argument("--models", type=int, help="broken models to edgeplan compile (default 300; --quick 26)")
     ap.add_argument("--store-trials", type=int, help="store-fault trials per operation and fault (default 2; --quick 1)")
+    ap.add_argument("--flow-trials", type=int, help="flow-fault trials per kind (default 6; --quick 1)")
     ap.add_argument("--quick", action="store_true", help="3 random-time trials per store and kind")
     ap.add_argument("--campaigns", default=",".join(CAMPAIGNS),
                     help=f"comma-separated, of {', '.join(CAMPAIGNS)} (default all); the others' figures are kept "
@@ -258,6 +259,8 @@ def main() -> int:
             result.update(models_campaign(args, quick, scratch))
         if "store" in chosen:
             result.update(store_campaign(built, key_path, public, params, args, quick, scratch))
+        if "flow" in chosen:
+            result.update(flow_campaign(args, quick, scratch))
         if "accuracy" in chosen:
             result.update(accuracy_campaign(args, scratch))
     finally:
@@ -268,7 +271,8 @@ def main() -> int:
                                           "bundle_mutations", "bundle_accepted_mutations", "bundle_tracebacks",
                                           "bad_requests", "bad_request_5xx", "bad_request_crashes",
                                           "model_inputs_tried", "model_tracebacks", "model_collateral_damage",
-                                          "store_fault_trials", "store_fault_violations",
+                                          "store_fault_trials", "store_fault_violations", "flow_fault_trials",
+                                          "flow_fault_violations",
                                           "accuracy_float_top1", "accuracy_int8_top1_min",
                                           "accuracy_gate_trips_on_bad_calibration"))
     return 0
@@ -389,6 +393,21 @@ def store_campaign(built, key_path, public, params, args, quick, scratch) -> dic
           flush=True)
     return {"store_faults": r, "store_fault_trials": r["trials"], "store_fault_violations": r["violations"],
             "store_commit": machine()["commit"]}
+
+
+def flow_campaign(args, quick, scratch) -> dict:
+    import _flow_faults
+
+    work = scratch / "flow-faults"
+    work.mkdir(parents=True, exist_ok=True)
+    print("[reliability] flow faults (edgeplan run; Prefect server, Dask cluster) ...", flush=True)
+    with _flow_faults.started(work) as c:
+        r = _flow_faults.run_flow_faults(c, args.flow_trials or (1 if quick else 6), args.seed + 7)
+    kinds = ", ".join(f"{k} {v['trials']} ({v['resumed_by_rerun']} resumed by a rerun)" for k, v in r["by_kind"].items())
+    print(f"[reliability] flow faults: {r['trials']} trials: {kinds}; at most {r['conversions_max']} conversion per "
+          f"trial; {r['violations']} violations", flush=True)
+    return {"flow_faults": r, "flow_fault_trials": r["trials"], "flow_fault_violations": r["violations"],
+            "flow_commit": machine()["commit"]}
 
 
 BROKEN_CALIBRATION = {"kind": "random", "low": 0.0, "high": 0.05, "samples": 64, "seed": 0}

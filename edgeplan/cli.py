@@ -166,7 +166,8 @@ def cmd_accuracy(args, params) -> int:
 
 
 def cmd_ingest(args, params) -> int:
-    out = _stages().ingest(args.model, args.name, args.version, Path(args.out), args.input_shape)
+    out = _stages().ingest(args.model, args.name, args.version, Path(args.out), args.input_shape,
+                           params["ingest"]["max_model_bytes"])
     console.print(f"wrote {out / 'model.onnx'} and {out / 'model.json'}")
     return 0
 
@@ -283,7 +284,8 @@ def cmd_compile(args, params) -> int:
     with Sampler() as mem:
         with _progress() as update:
             update("ingest", 0, 1)
-            root = st.ingest(args.model, args.name, args.version, Path(args.out), args.input_shape)
+            root = st.ingest(args.model, args.name, args.version, Path(args.out), args.input_shape,
+                             params["ingest"]["max_model_bytes"])
             update("ingest", 1, 1)
             result = st.build(root, params, update)
         print_build(result)

@@ -106,7 +106,15 @@ def cmd_run(args, params) -> int:
             from prefect_dask import DaskTaskRunner
 
             flow = flow.with_options(task_runner=DaskTaskRunner(address=args.dask))
-        summary = flow(**kwargs)
+        try:
+            summary = flow(**kwargs)
+        except EdgeplanError:
+            raise
+        except Exception as e:  # Prefect's or Dask's own failures: one line, the traceback under -v
+            if args.verbose:
+                raise
+            raise EdgeplanError(f"the {flow.name} flow failed: {type(e).__name__}: {str(e).strip()[:300]} (-v shows "
+                                "the traceback; a rerun resumes from the cache)") from None
     summary["wall_seconds"] = time.perf_counter() - t0
     summary["before_flow_seconds"] = summary["flow_started"] - started  # imports + Prefect server start-up
     summary["prefect_server"] = server
@@ -286,7 +294,8 @@ def cmd_submit(args, params) -> int:
     if "://" not in store_uri:
         store_uri = str(Path(store_uri).resolve())
     store = open_store(store_uri)
-    key, digest, new = upload(store, args.model, args.name, args.version, args.input_shape)
+    key, digest, new = upload(store, args.model, args.name, args.version, args.input_shape,
+                              params["ingest"]["max_model_bytes"])
     out.print(f"{'uploaded' if new else 'already in the store (same model)'}: {store.uri}/{key} "
               f"(sha256 {digest[:12]}...)")
     if args.no_event:

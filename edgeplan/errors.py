@@ -25,6 +25,10 @@ class ConversionError(EdgeplanError):
     """The int8 TFLite conversion failed; the message names the ONNX op when the converter said which."""
 
 
+class ModelTooLargeError(EdgeplanError):
+    """The model file (or SavedModel directory) is over params.yaml ``ingest.max_model_bytes``."""
+
+
 class ModelVersionConflictError(EdgeplanError):
     """A model name and version that already hold another model."""
 

@@ -15,13 +15,13 @@ def model_key(name: str, version: str) -> str:
     return f"models/{name}/{version}/model.onnx"
 
 
-def upload(store, source: str, name: str, version: str, input_shape=None) -> tuple[str, str, bool]:
+def upload(store, source: str, name: str, version: str, input_shape=None, max_bytes: int | None = None) -> tuple[str, str, bool]:
     """Canonicalise ``source`` (any supported model, or zoo:NAME) and put it at ``model_key``; the same
     model again is a no-op, another one under the same name and version is refused. (key, sha256, new)."""
     from edgeplan.pipeline import stages
 
     with tempfile.TemporaryDirectory(prefix="edgeplan-submit-") as tmp:
-        d = stages.ingest(source, name, version, Path(tmp), input_shape)
+        d = stages.ingest(source, name, version, Path(tmp), input_shape, max_bytes)
         data = (d / "model.onnx").read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     key = model_key(name, version)

@@ -29,14 +29,15 @@ def _source_files(parameters: dict):
     return [] if src.startswith("zoo:") else [abs_path(src)]
 
 
-@task(name="ingest", cache_key_fn=content_key(_source_files, ["models"], MODEL_CODE,
+@task(name="ingest", cache_key_fn=content_key(_source_files, ["models", "ingest"], MODEL_CODE,
                                               scalars=("source", "name", "version", "root", "input_shape")),
       persist_result=True)
 def ingest(source: str, name: str, version: str, root: str, input_shape=None, params: dict | None = None) -> str:
     """model.onnx + model.json (a different model under an existing name and version is refused)."""
     from edgeplan.pipeline import stages
 
-    return str(stages.ingest(source, name, version, Path(root), input_shape))
+    return str(stages.ingest(source, name, version, Path(root), input_shape,
+                             (params or {}).get("ingest", {}).get("max_model_bytes")))
 
 
 @task(name="build", cache_key_fn=content_key(lambda p: [Path(p["model_dir"]) / "model.onnx"],

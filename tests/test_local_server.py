@@ -77,3 +77,30 @@ def test_stop_waits_for_a_running_run_and_leaves_nothing(tmp_path):
     assert local_server.info(home) is None and not _processes_of(home)
     assert not local_server.stop(home)  # nothing left to stop
     assert os.path.exists(home / "server.log")
+
+
+def test_a_server_that_dies_is_restarted_on_its_port_with_its_database(tmp_path):
+    import signal
+    import urllib.request
+
+    home = tmp_path / "prefect"
+    with local_server.lease(home):
+        url = local_server.ensure(home, 3600)
+        req = urllib.request.Request(f"{url}/flows/", data=json.dumps({"name": "before-the-crash"}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        urllib.request.urlopen(req, timeout=30).read()
+        supervisor = json.loads((home / "server.json").read_text())["pid"]
+        children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+        assert len(children) == 1
+        os.kill(int(children[0]), signal.SIGKILL)  # the server, as a crash or the OOM killer leaves it
+        time.sleep(local_server.POLL_S + 0.5)
+        assert local_server.ensure(home, 3600) == url  # the same server, back: not a second one
+        with urllib.request.urlopen(f"{url}/flows/name/before-the-crash", timeout=30) as r:
+            assert json.loads(r.read())["name"] == "before-the-crash"
+        assert Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split() != children
+        assert "restarting it on" in (home / "server.log").read_text()
+    assert local_server.stop(home)
+    deadline = time.time() + 60
+    while _processes_of(home) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not _processes_of(home)

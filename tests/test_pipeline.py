@@ -1,6 +1,7 @@
 """The model stages on bad input: clear errors that name the op or tensor, nothing produced is lost."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -101,3 +102,25 @@ def test_a_conversion_past_its_time_limit_is_stopped_with_a_message(tmp_path):
     path = _save(tiny.model(), tmp_path / "tiny.onnx")
     with pytest.raises(ConversionError, match=r"did not finish within 1 s"):
         convert.to_int8_tflite(path, np.zeros((2, 3, 32, 32), np.float32), tmp_path / "work", timeout=1)
+
+
+def test_a_build_after_its_conversion_does_not_convert_again(tmp_path, params, monkeypatch):
+    """The conversion is build's checkpoint (model_int8.json names what it was made from): a build interrupted
+    after it (a killed run, a lost Dask worker) resumes without converting; other inputs, or a damaged int8
+    model, convert again."""
+    from edgeplan.quantize import convert
+
+    d = stages.ingest("zoo:tiny_cnn", "tiny", "1", tmp_path / "art")
+    stages.build(d, params)
+    int8 = (d / "model_int8.tflite").read_bytes()
+    real, calls = convert.to_int8_tflite, []
+    monkeypatch.setattr(convert, "to_int8_tflite", lambda *a, **k: calls.append(a) or real(*a, **k))
+    (d / "analysis.json").unlink()  # as a kill after the conversion leaves it
+    stages.build(d, params)
+    assert calls == [] and (d / "model_int8.tflite").read_bytes() == int8 and (d / "analysis.json").is_file()
+    (d / "model_int8.tflite").write_bytes(int8[:-7])  # damaged: converted again
+    stages.build(d, params)
+    assert len(calls) == 1 and (d / "model_int8.tflite").read_bytes() == int8
+    other = {**params, "quantize": {**params["quantize"], "calibration": {**params["quantize"]["calibration"], "seed": 9}}}
+    stages.build(d, other)
+    assert len(calls) == 2 and json.loads((d / "model_int8.json").read_text())["tflite_sha256"] != hashlib.sha256(int8).hexdigest()

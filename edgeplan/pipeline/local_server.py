@@ -99,9 +99,13 @@ def ensure(home: Path, idle_s: float, timeout_s: float = 180.0, progress=None) -
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
     with _flock(home / "start.lock", fcntl.LOCK_EX):
-        rec = info(home)
-        if rec is not None:
-            return rec["url"]
+        rec = _record(home)
+        if rec is not None and _alive(rec["pid"]):  # its supervisor restarts a server that died: wait for it
+            deadline = time.monotonic() + min(timeout_s, 60.0)  # a restart takes ~10 s
+            while time.monotonic() < deadline and _alive(rec["pid"]):
+                if _healthy(rec["url"]):
+                    return rec["url"]
+                time.sleep(0.25)
         (home / "server.json").unlink(missing_ok=True)
         if progress:
             progress(f"starting a local Prefect server in {home} (reused by later runs; stops after "
@@ -161,26 +165,39 @@ def _die_with_parent() -> None:
 
 
 def supervise(home: Path, idle_s: float) -> int:
-    """The supervisor: start the server, publish ``server.json`` once its API answers, and stop it after
-    ``idle_s`` without a run, or on SIGTERM once running runs have finished (their leases released)."""
+    """The supervisor: start the server, publish ``server.json`` once its API answers, restart it (same port
+    and database) when it dies after answering, and stop it after ``idle_s`` without a run, or on SIGTERM
+    once running runs have finished (their leases released)."""
     home = Path(home)
     port = _free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_API_URL": url}
     prefect = Path(sys.executable).with_name("prefect")
-    server = subprocess.Popen([str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port),
-                               "--no-services", "--no-ui"], env=env, stdin=subprocess.DEVNULL,
-                              preexec_fn=_die_with_parent)
+
+    def start() -> subprocess.Popen:
+        return subprocess.Popen([str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port),
+                                 "--no-services", "--no-ui"], env=env, stdin=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent)
+
+    server = start()
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     started = time.time()
-    published = False
+    published = answered = False  # answered: the current server process has answered since it started
     lease_path = home / "lease"
     lease_path.touch()
     try:
-        while server.poll() is None:
-            if not published and _healthy(url):
+        while True:
+            if server.poll() is not None:
+                if stopping or not answered:  # one that never answered would only fail again
+                    break
+                print(f"the server exited ({server.returncode}); restarting it on {url}", flush=True)
+                server, answered = start(), False  # same port and database: runs' clients retry meanwhile
+                continue
+            if not answered and _healthy(url):
+                answered = True
+            if answered and not published:
                 tmp = home / f".server.json.{os.getpid()}"
                 tmp.write_text(json.dumps({"url": url, "pid": os.getpid(), "port": port, "started": started,
                                            "idle_s": idle_s}))
@@ -200,7 +217,7 @@ def supervise(home: Path, idle_s: float) -> int:
                         _terminate(server)
                         return 0
             time.sleep(POLL_S)
-        print(f"the server exited ({server.returncode})", flush=True)
+        print(f"the server exited ({server.returncode})" + ("" if answered else " before it answered"), flush=True)
         return 1
     finally:
         _unpublish(home)

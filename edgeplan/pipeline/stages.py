@@ -1,7 +1,9 @@
 """The stages of ``edgeplan compile``, each reading and writing files of one artifact directory."""
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import logging
 import shutil
 import tempfile
@@ -25,7 +27,7 @@ from edgeplan.artifacts import (
     write_bytes_atomic,
     write_json_atomic,
 )
-from edgeplan.errors import ArtifactError, EdgeplanError, ModelVersionConflictError
+from edgeplan.errors import ArtifactError, EdgeplanError, ModelTooLargeError, ModelVersionConflictError
 from edgeplan.graph.cuts import Candidate, choose_evenly, endpoints, single_tensor_cuts
 from edgeplan.graph.ingest import load_any
 from edgeplan.graph.model import GraphView, fingerprint
@@ -45,13 +47,16 @@ def artifact_dir(root: Path, name: str, version: str) -> Path:
 
 # ---------------------------------------------------------------------------------------------- ingest
 def ingest(source: str | Path, name: str, version: str, out_root: Path,
-           input_shape: Sequence[int] | None = None) -> Path:
-    """``model.onnx`` + ``model.json`` under ``out_root/name/version`` from any supported model file."""
+           input_shape: Sequence[int] | None = None, max_bytes: int | None = None) -> Path:
+    """``model.onnx`` + ``model.json`` under ``out_root/name/version`` from any supported model file (refused
+    unread when larger than ``max_bytes``)."""
     from edgeplan.zoo import resolve
 
     out = artifact_dir(out_root, name, version)
     src = str(source)
     path = resolve(src, Path(out_root) / ".zoo")
+    if max_bytes is not None:
+        _check_size(Path(path), max_bytes)
     with memory.stage("ingest"):
         model = load_any(path, input_shape=input_shape)
     data = model.SerializeToString(deterministic=True)
@@ -68,6 +73,17 @@ def ingest(source: str | Path, name: str, version: str, out_root: Path,
     write_bytes_atomic(out / "model.onnx", data)
     GraphView(model).info(name, str(version), src, sha).save(out / "model.json")
     return out
+
+
+def _check_size(path: Path, max_bytes: int) -> None:
+    try:
+        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+    except OSError:
+        return  # not there: load_any says so
+    if size > max_bytes:
+        raise ModelTooLargeError(f"{path}: {size:,} bytes, over the limit of {max_bytes:,} (params.yaml "
+                                 "ingest.max_model_bytes); nothing was read. Raise the limit if this machine has the "
+                                 "memory to convert it.")
 
 
 # --------------------------------------------------------------------------------------------- analyze
@@ -127,9 +143,14 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
 
     progress("int8 conversion", 0, 1)
     int8_path = root / "model_int8.tflite"
-    with tempfile.TemporaryDirectory(prefix="edgeplan-convert-") as tmp, memory.stage("int8 conversion"):
-        data = convert.to_int8_tflite(model_path, calibration_data(spec, in_shape), Path(tmp), qp["timeout_s"])
-    write_bytes_atomic(int8_path, data)
+    calibration = calibration_data(spec, in_shape)
+    made_from = _conversion_inputs(model_path, calibration)
+    data = _converted(int8_path, made_from)
+    if data is None:
+        with tempfile.TemporaryDirectory(prefix="edgeplan-convert-") as tmp, memory.stage("int8 conversion"):
+            data = convert.to_int8_tflite(model_path, calibration, Path(tmp), qp["timeout_s"])
+        write_bytes_atomic(int8_path, data)
+        write_json_atomic(root / CONVERTED_FROM, {**made_from, "tflite_sha256": hashlib.sha256(data).hexdigest()})
     progress("int8 conversion", 1, 1)
 
     tfl = TfliteGraph(data)
@@ -161,6 +182,37 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
                         max_points=max_points, complete=True, onnx_candidates=len(cands), note=note)
     analysis.save(root / "analysis.json")
     return _segments(root, model, tfl, analysis, params, progress)
+
+
+CONVERTED_FROM = "model_int8.json"  # what model_int8.tflite was converted from: the checkpoint inside build
+
+
+def _conversion_inputs(model_path: Path, calibration) -> dict:
+    """Everything the int8 conversion's output depends on: the ONNX bytes, the calibration samples, the
+    quantize code and the converter's versions."""
+    from importlib.metadata import version
+
+    from edgeplan.quantize import convert
+
+    code = hashlib.sha256()
+    for f in sorted(Path(convert.__file__).parent.rglob("*.py")):
+        code.update(f.name.encode() + b"\0" + f.read_bytes())
+    return {"model_sha256": hashlib.sha256(model_path.read_bytes()).hexdigest(),
+            "calibration_sha256": hashlib.sha256(calibration.tobytes() + str(calibration.shape).encode()).hexdigest(),
+            "code_sha256": code.hexdigest(),
+            "versions": {p: version(p) for p in ("tensorflow", "onnx2tf", "onnx")}}
+
+
+def _converted(int8_path: Path, made_from: dict) -> bytes | None:
+    """The int8 model of a conversion already done from exactly these inputs (a build interrupted after its
+    conversion, by a kill or a lost worker, does not convert again), else None."""
+    try:
+        held = json.loads((int8_path.parent / CONVERTED_FROM).read_text())
+        data = int8_path.read_bytes()
+    except (OSError, ValueError):
+        return None
+    same = isinstance(held, dict) and held.get("tflite_sha256") == hashlib.sha256(data).hexdigest()
+    return data if same and {k: held.get(k) for k in made_from} == made_from else None
 
 
 def _segments(root, model, tfl, analysis: Analysis, params: dict, progress: Progress) -> BuildResult:

@@ -188,3 +188,19 @@ def test_store_faults_during_publish_pull_telemetry_and_dvc_push(campaign, two_b
     downs = [row for row in r["rows"] if row["fault"] == "down"]
     assert all(row["failed"] and row["message"].startswith("error:") for row in downs), downs
     assert any("dvc push" in row["message"] and "Could not connect" in row["message"] for row in downs), downs
+
+
+# ---------------------------------------------------------------------------------------------- flow faults
+def test_flow_faults_a_killed_run_a_restarted_prefect_server_and_a_lost_dask_worker(tmp_path, monkeypatch):
+    """Campaign 7's subset: one trial of each fault on real `edgeplan run`s (a real Prefect server under edgeplan's
+    supervisor, a real Dask cluster): the flow completes (resumed by a rerun after a kill), no conversion or
+    completed task is redone, the artifacts are byte-identical to a clean run's, revision 1 is whole and signed,
+    and nothing is left running."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import _flow_faults
+
+    with _flow_faults.started(tmp_path) as c:
+        r = _flow_faults.run_flow_faults(c, 1, 23)
+    assert r["trials"] == 3 and r["violations"] == 0, r["violated"]
+    assert r["conversions_max"] == 1 and len(c.reference) > 20
+    assert all(not row["ended_before_fault"] for row in r["rows"]), r["rows"]  # each fault landed mid-run

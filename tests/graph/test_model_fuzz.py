@@ -23,6 +23,7 @@ EXPECTED = {
     "huge-dim": "edgeplan takes at most",
     "keras-truncate": "not a readable .keras file",
     "garbage": "not a readable ONNX model",
+    "oversize": "over the limit of 4,194,304 (params.yaml ingest.max_model_bytes)",  # before: no limit, compiled
 }
 
 
@@ -55,10 +56,10 @@ def test_a_broken_model_given_to_edgeplan_run_fails_its_flow_in_one_line(compile
     but before it Prefect's run loggers printed the ingest task's traceback, a "NotReady" line for every task
     downstream, and the events worker's flush warning. The whole flow runs here, on its local Prefect server."""
     _model_fuzz, arts, env, keras_path = _fuzz_root(compiled, tmp_path)
-    kinds = ("truncate", "cycle")
+    kinds = ("truncate", "cycle", "oversize")
     (tmp_path / "work").mkdir()
     r = _model_fuzz.run_model_fuzz(arts / "tiny_cnn" / "1" / "model.onnx", keras_path, arts, env, len(kinds), seed=2,
                                    work=tmp_path / "work", limit_s=240, kinds=kinds, command="run")
-    assert r["tried"] == 2 and r["violations"] == 0, r["violated"]
-    for row, said in zip(r["rows"], ("not a readable ONNX model", "has a cycle through")):
+    assert r["tried"] == 3 and r["violations"] == 0, r["violated"]
+    for row, said in zip(r["rows"], ("not a readable ONNX model", "has a cycle through", EXPECTED["oversize"])):
         assert row["exit"] == 2 and said in row["message"] and row["stderr_lines"] == 1, row
