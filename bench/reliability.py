@@ -19,7 +19,7 @@ signatures checked with ``cryptography`` over the canonical JSON, every blob has
 Campaign 2, kill-anywhere pull and activation, and a full disk mid-pull: bench/_pull_kills.py (its docstring
 says how trials run and are judged). Campaign 3, bundle fuzzing: bench/_bundle_fuzz.py. Campaign 4, model
 fuzzing (``edgeplan compile``, and each kind once through ``edgeplan run``): bench/_model_fuzz.py. Campaign 6,
-store faults: bench/_store_faults.py (the proxy: bench/_proxy.py). Campaign 5's bad requests (not its overload
+store faults: bench/_store_faults.py (the proxy: bench/_proxy.py). Campaign 7, flow faults: bench/_flow_faults.py. Campaign 5's bad requests (not its overload
 half): bench/_bad_requests.py. The accuracy gate: ``accuracy_campaign`` below.
 
 Keys: publish_kill_trials (trials over both stores), publish_kill_violations (trials that broke a promise, each
@@ -33,7 +33,8 @@ bad_request_rss_growth_mb, bad_request_violations (with every request under "req
 model_tracebacks, model_collateral_damage, model_violations (compile and run together; model_inputs_tried_compile
 and _run apart; every input under "models" and "models_run", with its kind, exit status and error line);
 store_fault_trials, store_fault_violations (every trial under "store_faults", with its operation, fault, exit status,
-time past the fault's end and last line); accuracy_float_top1, accuracy_int8_top1_min (digits_cnn, default calibration, the worst
+time past the fault's end and last line); flow_fault_trials, flow_fault_violations (every trial under
+"flow_faults", with its kind, when the fault landed, the tasks done by then, exits and conversions); accuracy_float_top1, accuracy_int8_top1_min (digits_cnn, default calibration, the worst
 point), accuracy_int8_top1_min_broken_calibration, accuracy_gate_trips_on_bad_calibration (both runs under
 "accuracy").
 
@@ -42,7 +43,8 @@ store); `--pull-trials` random-time pull kills per kind (default 60, beside ~400
 `--disk-trials` full-disk pulls per kind (default 12); `--mutations` (default 1000); `--quick` a few of each
 (the test suite runs subsets through ``run_trials``, ``run_pull_trials``, ``run_disk_full``, ``run_fuzz``).
 `--bad-requests` (default 400). `--models` (default 300; and each of the 27 kinds once through ``edgeplan run``).
-`--store-trials` per operation and fault (default 2: 32, and 4 with the store down for good).
+`--store-trials` per operation and fault (default 2: 32, and 4 with the store down for good). `--flow-trials` per
+flow fault (default 6: 18).
 `--campaigns publish,pull,...` runs some and keeps the
 others' figures from the results file.
 """
