@@ -20,7 +20,8 @@ The promise, judged by reading files (never edgeplan's code), after the last com
   profiles and Parallax plans and the DVC pointer; the FlashMem segments) is byte-identical to a clean run's,
   and the measured ones are present and parse;
 - ``latest`` names revision 1, complete and signed (``cryptography`` over the canonical JSON, every blob hashed);
-- no process of the trial is left running.
+- no process of the trial is left running (15 s after its last command ended: a SIGKILLed process group's
+  members take a moment to exit).
 """
 from __future__ import annotations
 
@@ -287,7 +288,9 @@ def run_flow_faults(c: Campaign, per_kind: int, seed: int, kinds=KINDS) -> dict:
             broke.append(f"{rewritten} completed tasks ran again (their results written twice)")
         if rc == 0:
             broke += c.judge(d)
-        left = leftovers(d / ".prefect")
+        deadline = time.monotonic() + 15.0  # a killed process group's members take a moment to exit
+        while (left := leftovers(d / ".prefect")) and time.monotonic() < deadline:
+            time.sleep(0.2)
         if left:
             broke.append(f"processes left running: {left[:3]}")
             for line in left:
