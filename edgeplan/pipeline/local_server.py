@@ -39,13 +39,17 @@ def _healthy(url: str, timeout: float = 2.0) -> bool:
 
 
 def _alive(pid: int) -> bool:
+    """Running: a zombie (exited, not yet reaped by a parent or subreaper that never waits) is not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
 
 
 def _record(home: Path) -> dict | None:
