@@ -31,7 +31,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -46,12 +45,6 @@ MODEL = ("zoo:tiny_cnn", "m", "1")
 DEPLOYMENT = "m-solo"
 MEASURED = ("profiles", "parallax", "1.dvc")  # timed on this host: not byte-identical between runs
 RUN_LIMIT_S = 600.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _files(root: Path) -> dict[str, str]:
@@ -131,6 +124,8 @@ class Cluster:
     """A Dask scheduler and two workers (each a nanny and its worker), every one in its own session."""
 
     def __init__(self, env: dict, logs: Path):
+        from edgeplan.pipeline.local_server import _free_port
+
         self.address = f"tcp://127.0.0.1:{_free_port()}"
         dask = str(Path(sys.executable).with_name("dask"))
         port = self.address.rsplit(":", 1)[1]

@@ -6,18 +6,37 @@ names it. Writing goes through a temporary file and a rename, so a crash never l
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
 from edgeplan.errors import ArtifactError
 
 T = TypeVar("T")
+PACKAGE = Path(__file__).resolve().parent
+
+
+@cache
+def code_digest(packages: tuple[str, ...]) -> str:
+    """What an artifact was made by: the source of these edgeplan modules/packages (paths relative to the
+    package, e.g. "quantize", "pipeline/stages.py"), and edgeplan's version."""
+    from edgeplan import __version__
+
+    h = hashlib.sha256(__version__.encode())
+    for name in sorted(packages):
+        p = PACKAGE / name
+        files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
+        for f in files:
+            h.update(f"{f.relative_to(PACKAGE)}\0".encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def _to_jsonable(obj: Any) -> Any:
@@ -348,6 +367,7 @@ __all__ = [
     "StreamLayer",
     "TensorSpec",
     "VerifyReport",
+    "code_digest",
     "write_bytes_atomic",
     "write_json_atomic",
 ]

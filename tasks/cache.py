@@ -5,12 +5,10 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable
-from functools import cache
 from pathlib import Path
 
-import edgeplan
+from edgeplan.artifacts import code_digest
 
-PACKAGE = Path(edgeplan.__file__).resolve().parent
 _FILE_HASHES: dict[tuple, str] = {}
 
 
@@ -38,20 +36,6 @@ def tree_digest(paths: Iterable[Path]) -> str:
             h.update(f"{p.name}\0{file_digest(p)}\n".encode())
         else:
             h.update(f"{p}\0missing\n".encode())
-    return h.hexdigest()
-
-
-@cache
-def code_digest(packages: tuple[str, ...]) -> str:
-    """The source of these edgeplan modules/packages (paths relative to the package, e.g. "quantize",
-    "pipeline/stages.py"), and edgeplan's version."""
-    h = hashlib.sha256(edgeplan.__version__.encode())
-    for name in sorted(packages):
-        p = PACKAGE / name
-        files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
-        for f in files:
-            h.update(f"{f.relative_to(PACKAGE)}\0".encode())
-            h.update(f.read_bytes())
     return h.hexdigest()
 
 

@@ -24,6 +24,7 @@ from edgeplan.artifacts import (
     StreamInfo,
     StreamLayer,
     VerifyReport,
+    code_digest,
     write_bytes_atomic,
     write_json_atomic,
 )
@@ -144,7 +145,8 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     progress("int8 conversion", 0, 1)
     int8_path = root / "model_int8.tflite"
     calibration = calibration_data(spec, in_shape)
-    made_from = _conversion_inputs(model_path, calibration)
+    model_sha = fingerprint(model)
+    made_from = _conversion_inputs(model_sha, calibration)
     data = _converted(int8_path, made_from)
     if data is None:
         with tempfile.TemporaryDirectory(prefix="edgeplan-convert-") as tmp, memory.stage("int8 conversion"):
@@ -178,7 +180,7 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     note = "" if cands else "no single-tensor cut: only points 0 (all-CPU) and P (all-TPU)"
     if cands and not kept:
         note = "no single-tensor cut survived the int8 conversion: only points 0 and P"
-    analysis = Analysis(model_sha256=fingerprint(model), points=tuple(points), dropped=tuple(dropped),
+    analysis = Analysis(model_sha256=model_sha, points=tuple(points), dropped=tuple(dropped),
                         max_points=max_points, complete=True, onnx_candidates=len(cands), note=note)
     analysis.save(root / "analysis.json")
     return _segments(root, model, tfl, analysis, params, progress)
@@ -187,19 +189,14 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
 CONVERTED_FROM = "model_int8.json"  # what model_int8.tflite was converted from: the checkpoint inside build
 
 
-def _conversion_inputs(model_path: Path, calibration) -> dict:
-    """Everything the int8 conversion's output depends on: the ONNX bytes, the calibration samples, the
+def _conversion_inputs(model_sha256: str, calibration) -> dict:
+    """Everything the int8 conversion's output depends on: the ONNX model, the calibration samples, the
     quantize code and the converter's versions."""
     from importlib.metadata import version
 
-    from edgeplan.quantize import convert
-
-    code = hashlib.sha256()
-    for f in sorted(Path(convert.__file__).parent.rglob("*.py")):
-        code.update(f.name.encode() + b"\0" + f.read_bytes())
-    return {"model_sha256": hashlib.sha256(model_path.read_bytes()).hexdigest(),
+    return {"model_sha256": model_sha256,
             "calibration_sha256": hashlib.sha256(calibration.tobytes() + str(calibration.shape).encode()).hexdigest(),
-            "code_sha256": code.hexdigest(),
+            "code_sha256": code_digest(("quantize",)),
             "versions": {p: version(p) for p in ("tensorflow", "onnx2tf", "onnx")}}
 
 
