@@ -19,8 +19,9 @@ signatures checked with ``cryptography`` over the canonical JSON, every blob has
 Campaign 2, kill-anywhere pull and activation, and a full disk mid-pull: bench/_pull_kills.py (its docstring
 says how trials run and are judged). Campaign 3, bundle fuzzing: bench/_bundle_fuzz.py. Campaign 4, model
 fuzzing (``edgeplan compile``, and each kind once through ``edgeplan run``): bench/_model_fuzz.py. Campaign 6,
-store faults: bench/_store_faults.py (the proxy: bench/_proxy.py). Campaign 7, flow faults: bench/_flow_faults.py. Campaign 5's bad requests (not its overload
-half): bench/_bad_requests.py. The accuracy gate: ``accuracy_campaign`` below.
+store faults: bench/_store_faults.py (the proxy: bench/_proxy.py). Campaign 7, flow faults: bench/_flow_faults.py.
+Campaign 5, its bad requests: bench/_bad_requests.py; its overload (campaign "overload"): bench/_overload.py. The
+accuracy gate: ``accuracy_campaign`` below.
 
 Keys: publish_kill_trials (trials over both stores), publish_kill_violations (trials that broke a promise, each
 listed with its seed and what broke), and per store: trials, violations, boundary and random-time trials, the
@@ -29,7 +30,12 @@ disk_full_violations (with every trial under "pull" and "disk_full"); bundle_mut
 bundle_accepted_mutations, bundle_tracebacks, bundle_unexpected_failures (refusals by the CLI's last-resort
 handler: a bug said in one line), bundle_violations (with every mutation under "bundle"); bad_requests,
 bad_request_5xx, bad_request_unanswered, bad_request_crashes, bad_request_good_failures,
-bad_request_rss_growth_mb, bad_request_violations (with every request under "requests"); model_inputs_tried,
+bad_request_rss_growth_mb, bad_request_violations (with every request under "requests"); overload_p99_over_predicted
+(accepted requests' p99, timed by the client, over the plan's predicted latency: the promise is <= 2),
+overload_p99_server_over_predicted (the server's Server-Timing), overload_rss_growth_mb, overload_crashes,
+overload_capacity_rps, overload_offered_rps, overload_goodput_over_capacity, overload_refused_fraction,
+overload_other_answers (neither 200 nor a 503 with Retry-After), overload_violations (the run under "overload",
+with 10 s windows and the RSS samples); model_inputs_tried,
 model_tracebacks, model_collateral_damage, model_violations (compile and run together; model_inputs_tried_compile
 and _run apart; every input under "models" and "models_run", with its kind, exit status and error line);
 store_fault_trials, store_fault_violations (every trial under "store_faults", with its operation, fault, exit status,
@@ -44,7 +50,7 @@ store); `--pull-trials` random-time pull kills per kind (default 60, beside ~400
 (the test suite runs subsets through ``run_trials``, ``run_pull_trials``, ``run_disk_full``, ``run_fuzz``).
 `--bad-requests` (default 400). `--models` (default 300; and each of the 27 kinds once through ``edgeplan run``).
 `--store-trials` per operation and fault (default 2: 32, and 4 with the store down for good). `--flow-trials` per
-flow fault (default 6: 18).
+flow fault (default 6: 18). `--overload-seconds` (default 600; --quick 20).
 `--campaigns publish,pull,...` runs some and keeps the
 others' figures from the results file.
 """
@@ -204,7 +210,7 @@ def run_trials(store_kind: str, base_uri: str, endpoint: str | None, bundles_: d
 
 
 # ---------------------------------------------------------------------------------------------- main
-CAMPAIGNS = ("publish", "pull", "bundle", "models", "requests", "store", "flow", "accuracy")
+CAMPAIGNS = ("publish", "pull", "bundle", "models", "requests", "overload", "store", "flow", "accuracy")
 
 
 def main() -> int:
@@ -217,6 +223,7 @@ def main() -> int:
     ap.add_argument("--models", type=int, help="broken models to edgeplan compile (default 300; --quick 26)")
     ap.add_argument("--store-trials", type=int, help="store-fault trials per operation and fault (default 2; --quick 1)")
     ap.add_argument("--flow-trials", type=int, help="flow-fault trials per kind (default 6; --quick 1)")
+    ap.add_argument("--overload-seconds", type=float, help="open-loop load at 2x capacity (default 600; --quick 20)")
     ap.add_argument("--quick", action="store_true", help="3 random-time trials per store and kind")
     ap.add_argument("--campaigns", default=",".join(CAMPAIGNS),
                     help=f"comma-separated, of {', '.join(CAMPAIGNS)} (default all); the others' figures are kept "
@@ -257,6 +264,8 @@ def main() -> int:
             result.update(bundle_campaign(setup, keys.load_signing_key(key_path).key, args, quick, scratch))
         if "requests" in chosen:
             result.update(requests_campaign(setup, args, quick, scratch))
+        if "overload" in chosen:
+            result.update(overload_campaign(args, quick, scratch))
         if "models" in chosen:
             result.update(models_campaign(args, quick, scratch))
         if "store" in chosen:
@@ -272,6 +281,7 @@ def main() -> int:
                                           "pull_kill_violations", "disk_full_trials", "disk_full_violations",
                                           "bundle_mutations", "bundle_accepted_mutations", "bundle_tracebacks",
                                           "bad_requests", "bad_request_5xx", "bad_request_crashes",
+                                          "overload_p99_over_predicted", "overload_rss_growth_mb", "overload_crashes",
                                           "model_inputs_tried", "model_tracebacks", "model_collateral_damage",
                                           "store_fault_trials", "store_fault_violations", "flow_fault_trials",
                                           "flow_fault_violations",
@@ -351,6 +361,27 @@ def requests_campaign(setup, args, quick, scratch) -> dict:
             "bad_request_unanswered": r["unanswered"], "bad_request_crashes": int(r["crashed"]),
             "bad_request_good_failures": r["good_failed"], "bad_request_rss_growth_mb": r["rss_growth_mb"],
             "bad_request_violations": r["violations"], "requests_commit": machine()["commit"]}
+
+
+def overload_campaign(args, quick, scratch) -> dict:
+    import _overload
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", "EDGEPLAN_ACCELERATOR": "none"}
+    seconds = args.overload_seconds or (20.0 if quick else 600.0)
+    r = _overload.run_overload(args.work, scratch, env, seconds, args.seed + 8)
+    print(f"[reliability] overload: {r['sent']} requests in {seconds:g} s at {r['offered_rps']:.1f}/s (2x capacity "
+          f"{r['capacity_rps']:.1f}/s): {r['accepted']} served (p99 {r['p99_ms']:.1f} ms, client; plan "
+          f"{r['predicted_ms']:.2f} ms), {r['refused_503']} refused 503, {r['other_answers']} other answers; RSS "
+          f"+{r['rss_growth_mb']:.1f} MB; server {'died' if r['crashed'] else 'alive'}; "
+          f"{len(r['violations'])} violations", flush=True)
+    return {"overload": r, "overload_p99_over_predicted": r["p99_ms"] / r["predicted_ms"],
+            "overload_p99_server_over_predicted": r["p99_server_ms"] / r["predicted_ms"],
+            "overload_rss_growth_mb": r["rss_growth_mb"], "overload_crashes": int(r["crashed"]),
+            "overload_capacity_rps": r["capacity_rps"], "overload_offered_rps": r["offered_rps"],
+            "overload_goodput_over_capacity": r["goodput_rps"] / r["capacity_rps"],
+            "overload_refused_fraction": r["refused_503"] / r["sent"],
+            "overload_other_answers": r["other_answers"] + r["bad_refusals"],
+            "overload_violations": len(r["violations"]), "overload_commit": machine()["commit"]}
 
 
 def models_campaign(args, quick, scratch) -> dict:
@@ -458,8 +489,8 @@ def plot(result: dict, path: Path) -> None:
     plt = pyplot()
     panels = [(name, s) for name, s in result.get("stores", {}).items()] + ([("pull", result["pull"])]
                                                                             if "pull" in result else [])
-    gate, store = result.get("accuracy"), result.get("store_faults")
-    n = len(panels) + bool(gate) + bool(store)
+    gate, store, over = result.get("accuracy"), result.get("store_faults"), result.get("overload")
+    n = len(panels) + bool(gate) + bool(store) + bool(over)
     fig, axes = plt.subplots(1, n, figsize=(6 * n, 4), squeeze=False)
     for ax, (name, s) in zip(axes[0], panels):
         after = "current_after_kill" if name == "pull" else "latest_after_kill"
@@ -487,6 +518,23 @@ def plot(result: dict, path: Path) -> None:
         ax.set_ylabel("s after the fault ended (down: after it began)")
         ax.set_title(f"store faults: {store['trials']} trials, {store['violations']} violations")
         ax.legend(fontsize=8)
+    if over:  # offered and served rates, and the served requests' p99, over the run
+        ax = axes[0][len(panels) + bool(store)]
+        ws = over["windows"]
+        t = [w["t"] + 5 for w in ws]
+        ax.plot(t, [w["offered_rps"] for w in ws], c="tab:grey", label="offered req/s")
+        ax.plot(t, [w["accepted_rps"] for w in ws], c="tab:green", label="served (200) req/s")
+        ax.axhline(over["capacity_rps"], c="tab:green", ls=":", label="capacity (closed loop)")
+        ax.set_xlabel("s into the overload")
+        ax.set_ylabel("requests / s")
+        ax.legend(fontsize=8, loc="center left")
+        ax2 = ax.twinx()
+        ax2.plot(t, [w["p99_ms"] for w in ws], c="tab:red", label="served p99 ms (client)")
+        ax2.axhline(2 * over["predicted_ms"], c="tab:red", ls="--", label="2x the plan's prediction")
+        ax2.set_ylabel("ms")
+        ax2.set_ylim(0, 3 * over["predicted_ms"])
+        ax2.legend(fontsize=8, loc="lower right")
+        ax.set_title(f"overload: RSS +{over['rss_growth_mb']:.1f} MB, {len(over['violations'])} violations")
     if gate:  # float vs int8 top-1 per point, both calibrations
         ax = axes[0][-1]
         for tag, colour in (("default", "tab:green"), ("broken", "tab:red")):

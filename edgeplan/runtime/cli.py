@@ -110,7 +110,7 @@ def cmd_status(args) -> int:
 
 def _runtime(args):
     from edgeplan.runtime import split
-    from edgeplan.runtime.engine import Runtime
+    from edgeplan.runtime.engine import LATENCY_BUDGET, Runtime
     from edgeplan.runtime.pull import active
 
     held = active(Path(args.dir))
@@ -122,7 +122,8 @@ def _runtime(args):
     rates = dict(args.rate or [])  # argparse made them (model, rate) pairs already
     return Runtime(Path(args.dir), mode=args.mode, adapt=not args.no_adapt, window_s=args.window,
                    interval_s=args.interval, max_inflight=args.max_inflight, rates=rates or None,
-                   parallax=not args.no_parallax)
+                   parallax=not args.no_parallax,
+                   latency_budget=LATENCY_BUDGET if args.latency_budget is None else args.latency_budget)
 
 
 def _ready(args):
@@ -366,6 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--window", type=float, default=10.0, help="rate monitor window, s (default 10)")
         sp.add_argument("--interval", type=float, default=2.0, help="re-allocation period, s (default 2)")
         sp.add_argument("--max-inflight", type=int, default=256, help="requests in flight before 503 (default 256)")
+        sp.add_argument("--latency-budget", type=float, metavar="X",
+                        help="while a model is offered more requests than it can serve, turn a request away (503 "
+                             "+ Retry-After) when it would wait and the latency expected for it, from the queue "
+                             "ahead at the measured service times, is over X times the "
+                             "plan's predicted latency (default 1.4, engine.LATENCY_BUDGET; 0: only --max-inflight)")
         sp.add_argument("--inputs", type=int, default=8, help="inputs per model in the load-test set (default 8)")
         sp.add_argument("--no-parallax", action="store_true",
                         help="run every suffix as its own interpreter, even where the revision's Parallax plan runs "

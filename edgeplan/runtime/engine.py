@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import collections
 import gc
+import heapq
 import math
 import queue
 import random
@@ -53,10 +54,22 @@ GIL_SWITCH_S = 2e-4
 SPIN_S = 4e-4  # wait_until: the last stretch before a deadline is spent yielding, not asleep
 SERVICE_SAMPLES = 10_000  # suffix invoke times kept per model and point
 BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+# Latency-aware admission: while a model is overloaded (requests offered over the last OVERLOAD_WINDOW_S beyond
+# what it can serve at the measured service times), a request that would wait is turned away (503) when the
+# latency expected for it (the work queued ahead of it) is over this multiple of the plan's predicted latency.
+# Below capacity nothing is turned away for latency: the queue a burst builds drains by itself.
+LATENCY_BUDGET = 1.4
+OVERLOAD_WINDOW_S = 1.0
+SERVICE_EWMA = 0.1  # weight of the newest suffix invoke time in a pool's running mean
 
 
 class Overloaded(EdgeplanError):
-    """Too many requests in flight: the caller should retry later (HTTP 503)."""
+    """Too many requests in flight, or too long a queue ahead: the caller should retry after ``retry_after_s``
+    (HTTP 503 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass
@@ -133,22 +146,26 @@ def request_metrics(order: list[str], hist: dict[str, Histogram], codes: collect
     return lines + [f'edgeplan_requests_total{{model="{n}",code="{c}"}} {v}' for (n, c), v in sorted(codes.items())]
 
 
-def admit(rt, model: str) -> None:
+def admit(rt, model: str, refuse=None) -> None:
     """One more request in flight on runtime ``rt`` (its ``lock``, ``inflight``, ``max_inflight``, ``codes``), or
-    ``Overloaded`` (HTTP 503) at the limit."""
+    ``Overloaded`` (HTTP 503) at the limit or when ``refuse(model)`` (called under the lock) gives a reason and
+    the seconds after which to retry."""
     with rt.lock:
         if rt.inflight >= rt.max_inflight:
             rt.codes[model, 503] += 1
             raise Overloaded(f"{rt.inflight} requests in flight (limit {rt.max_inflight}); retry later")
+        if refuse is not None and (why := refuse(model)) is not None:
+            rt.codes[model, 503] += 1
+            raise Overloaded(*why)
         rt.inflight += 1
 
 
 class RateMonitor:
-    """Arrivals per model over a sliding window (s); the rate is count / window (or / the time since the
-    monitor started, while that is shorter)."""
+    """Arrivals per model over a sliding window (s); the rate is count / window (with ``ramp``, / the time since
+    the monitor started while that is shorter; without, a burst just after start-up is not read as a high rate)."""
 
-    def __init__(self, names, window_s: float):
-        self.window = window_s
+    def __init__(self, names, window_s: float, ramp: bool = True):
+        self.window, self.ramp = window_s, ramp
         self.started = time.perf_counter()
         self.arrivals = {n: collections.deque() for n in names}
         self.lock = threading.Lock()
@@ -159,7 +176,7 @@ class RateMonitor:
 
     def rates(self, now: float | None = None) -> dict[str, float]:
         now = time.perf_counter() if now is None else now
-        span = max(min(self.window, now - self.started), 1e-3)
+        span = max(min(self.window, now - self.started), 1e-3) if self.ramp else self.window
         out = {}
         with self.lock:
             for n, q in self.arrivals.items():
@@ -189,6 +206,8 @@ class CpuPool:
         self.q: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
         self.service: dict[int, collections.deque] = {}  # point -> the last suffix invoke times (s)
+        self.mean_s: dict[int, float] = {}  # point -> running mean of the suffix invoke time (s)
+        self.running: dict[int, float] = {}  # thread -> when its suffix invoke started (perf_counter)
         self.target = cores
         self.alive = 0
         self.resize(cores)
@@ -209,6 +228,19 @@ class CpuPool:
             if self.alive == 0:  # no core planned, but a suffix of an older partition arrived: one thread drains
                 self._spawn()
 
+    def completion(self, point: int, now: float, ready: float) -> tuple[float, bool]:
+        """When one more suffix at ``point``, queued at ``ready`` (perf_counter), would be done, and whether it
+        would wait for a thread: the suffixes running finish at their start plus the running mean service time
+        (the profile's one-core time until one was measured), the queued ones each take a thread for that long
+        in turn (FCFS over max(k, running) threads)."""
+        s = self.mean_s.get(point, self.model.spec.cpu_mean[point])
+        free = [max(now, t + s) for t in list(self.running.values())]
+        free += [now] * max(self.target - len(free), 0 if free else 1)
+        heapq.heapify(free)
+        for _ in range(self.q.qsize()):
+            heapq.heapreplace(free, free[0] + s)
+        return max(ready, free[0]) + s, free[0] > ready
+
     def _work(self) -> None:
         interps: dict[int, object] = {}
         while True:
@@ -226,10 +258,16 @@ class CpuPool:
                 run = interps.get(req.point)
                 if run is None:
                     run = interps[req.point] = self.engine.suffix_runner(self.model, req.point)
-                t = time.perf_counter()
-                y = run(tensor)
-                self.service.setdefault(req.point, collections.deque(maxlen=SERVICE_SAMPLES)).append(
-                    time.perf_counter() - t)
+                me = threading.get_ident()
+                t = self.running[me] = time.perf_counter()
+                try:
+                    y = run(tensor)
+                finally:
+                    del self.running[me]
+                took = time.perf_counter() - t
+                self.service.setdefault(req.point, collections.deque(maxlen=SERVICE_SAMPLES)).append(took)
+                old = self.mean_s.get(req.point)
+                self.mean_s[req.point] = took if old is None else old + SERVICE_EWMA * (took - old)
                 self.engine.finish(req, y)
             except Exception as e:  # noqa: BLE001 - the request fails, the pool goes on
                 self.engine.fail(req, e)
@@ -354,7 +392,7 @@ class Runtime:
     def __init__(self, dest: Path, *, mode: str = "emulated", adapt: bool = True, window_s: float = 10.0,
                  interval_s: float = 2.0, max_inflight: int = 256, hysteresis: float = 0.02, seed: int = 0,
                  rates: dict[str, float] | None = None, gil_switch_s: float | None = GIL_SWITCH_S,
-                 parallax: bool = True):
+                 parallax: bool = True, latency_budget: float | None = LATENCY_BUDGET):
         found = active(dest)
         if found is None:
             rev_dir = Path(dest)
@@ -383,8 +421,15 @@ class Runtime:
         self.cores = {n: planned[n].cores for n in self.order}
         self.mode, self.adapt, self.interval, self.max_inflight = mode, adapt, interval_s, max_inflight
         self.hysteresis = hysteresis
+        # latency-aware admission: model -> the longest expected latency admitted for a request that would wait
+        # (s), ``latency_budget`` times the plan's predicted latency (None or 0: only ``max_inflight`` limits)
+        self.latency_budget = latency_budget or None
+        self.budget_s = {n: latency_budget * planned[n].predicted_latency_ms / 1e3 for n in self.order
+                         if latency_budget and math.isfinite(planned[n].predicted_latency_ms)
+                         and planned[n].predicted_latency_ms > 0}
         self.gil_switch_s, self._left = gil_switch_s, False
         self.monitor = RateMonitor(self.order, window_s)
+        self.offered = RateMonitor(self.order, OVERLOAD_WINDOW_S, ramp=False)  # every request, admitted or not
         self.computed: dict = {}
         self.inflight = 0
         self.lock = threading.Lock()
@@ -454,7 +499,8 @@ class Runtime:
         """Queue one request; the future's result is the float output (raises BadRequest / Overloaded now)."""
         m = self._model(model)
         q = quantize_input(x, m.entry.input)
-        admit(self, model)
+        self.offered.arrive(model, time.perf_counter())
+        admit(self, model, self._refusal)
         fut: Future = Future()
         req = Request(model, self.points[model], q, fut)
         self.monitor.arrive(model, req.arrival)
@@ -468,6 +514,53 @@ class Runtime:
         else:
             self.accelerator.q.put((req, None))
         return fut
+
+    def expected_latency_s(self, model: str) -> tuple[float, bool]:
+        """The latency one more request of ``model`` would see now, and whether it would wait: its prefix after
+        what the accelerator holds (EMULATED: the device's clock; else the prefixes queued, at the profile's
+        device time), then its suffix after the suffixes queued and running in the model's pool."""
+        now = time.perf_counter()
+        m, p = self.models[model], self.points[model]
+        ready, waits = now, False
+        if p > 0:
+            device_s = m.spec.tpu_mean[p] + m.spec.io[p]
+            if self.mode == "emulated":
+                waits = self.accelerator.free_at > now
+                ready = max(now, self.accelerator.free_at) + device_s
+            else:
+                waits = not self.accelerator.q.empty()
+                ready = now + (self.accelerator.q.qsize() + 1) * device_s
+        if p == m.last:
+            return ready - now, waits
+        done, queued = self.pools[model].completion(p, now, ready)
+        return done - now, waits or queued
+
+    def capacity_rps(self, model: str) -> float:
+        """Requests a second ``model`` can be served at its current point and cores: the accelerator at the
+        profile's device time, the pool's k threads at its measured suffix time (the profile's until measured)."""
+        m, p = self.models[model], self.points[model]
+        rates = []
+        if p > 0:
+            rates.append(1 / max(m.spec.tpu_mean[p] + m.spec.io[p], 1e-9))
+        if p < m.last:
+            pool = self.pools[model]
+            rates.append(max(pool.target, 1) / max(pool.mean_s.get(p, m.spec.cpu_mean[p]), 1e-9))
+        return min(rates)
+
+    def _refusal(self, model: str) -> tuple[str, float] | None:
+        """Latency-aware admission (under ``self.lock``): why a request is turned away, and when to retry — only
+        while the model is offered more than its capacity, and only a request that would wait behind others with
+        more than its budget expected. One that would start at once is always admitted, so a device slower than
+        its profile still serves, one request at a time."""
+        budget = self.budget_s.get(model)
+        if budget is None:
+            return None
+        expected, waits = self.expected_latency_s(model)
+        if not waits or expected <= budget or self.offered.rates()[model] <= self.capacity_rps(model):
+            return None
+        why = (f"{model}: {1e3 * expected:.1f} ms expected behind the requests queued, over its {1e3 * budget:.1f} "
+               f"ms budget ({self.latency_budget:g}x the plan's predicted latency); retry later")
+        return why, expected - budget
 
     def infer(self, model: str, x, timeout: float | None = 60.0) -> np.ndarray:
         return self.submit(model, x).result(timeout)
@@ -584,7 +677,9 @@ class Runtime:
                                if self.hist[n].n else None,
                                "suffix_service_ms": {p: round(1e3 * sum(v) / len(v), 3)
                                                      for p, v in sorted(self.service_times(n).items())},
-                               "branch_parallel_points": sorted(self.parallax.get(n, {}))}
+                               "branch_parallel_points": sorted(self.parallax.get(n, {})),
+                               "latency_budget_ms": round(1e3 * self.budget_s[n], 3) if n in self.budget_s
+                               else None}
                            for n in self.order},
                 "inflight": self.inflight, "switches": self.switches}
 
@@ -628,6 +723,10 @@ class Runtime:
                                                     [("", self.accelerator.cpu_fallbacks)]),
             "edgeplan_reallocations_total": ("Switches of points or cores.", [("", self.switches)]),
             "edgeplan_inflight_requests": ("Requests in flight.", [("", self.inflight)]),
+            "edgeplan_latency_budget_seconds": (
+                ("Admission: a request that would wait is turned away (503) when more latency than this is "
+                 "expected for it."),
+                [(f'model="{n}"', round(self.budget_s[n], 6)) for n in self.order if n in self.budget_s]),
             "edgeplan_active_revision": ("The active revision.", [(f'deployment="{dep}",mode="{self.mode}"',
                                                                   self.manifest.revision)]),
         }

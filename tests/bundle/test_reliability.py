@@ -205,3 +205,21 @@ def test_flow_faults_a_killed_run_a_restarted_prefect_server_and_a_lost_dask_wor
     assert r["trials"] == 3 and r["violations"] == 0, r["violated"]
     assert r["conversions_max"] == 1 and len(c.reference) > 20
     assert all(not row["ended_before_fault"] for row in r["rows"]), r["rows"]  # each fault landed mid-run
+
+
+# ---------------------------------------------------------------------------------------------- overload
+def test_overload_at_twice_capacity_sheds_the_excess_with_503_and_retry_after(tmp_path, monkeypatch):
+    """Campaign 5's overload half, 15 s of it (the bench runs 10 min and judges the p99 and RSS figures): a real
+    serve of ResNet50V2 on one core, compiled, planned, published and pulled by the CLI, offered twice the
+    capacity measured a moment before, open loop over loopback. Every answer is a 200 or a 503 with a Retry-After
+    of whole seconds (none unanswered or reset), much of the excess is refused, most of the capacity is still
+    served, and the server is alive after it."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import _overload
+
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parent), "TF_CPP_MIN_LOG_LEVEL": "3", "EDGEPLAN_ACCELERATOR": "none"}
+    r = _overload.run_overload(tmp_path / "work", tmp_path, env, 15.0, 19)
+    assert r["other_answers"] == 0 and r["bad_refusals"] == 0, r["other_examples"]
+    assert not r["crashed"] and r["retry_after_s"] and all(int(v) >= 1 for v in r["retry_after_s"])
+    assert r["sent"] > 20 * r["capacity_rps"]  # 15 s at twice capacity: 30x
+    assert r["refused_503"] > 0.25 * r["sent"] and r["accepted"] > 0.5 * 15 * r["capacity_rps"], r

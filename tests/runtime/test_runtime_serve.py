@@ -164,6 +164,32 @@ def test_overload_answers_503(device):
         assert 'code="503"' in rt.metrics_text()
 
 
+def test_latency_admission_turns_requests_away_only_past_capacity(device):
+    """All-accelerator point (the EMULATED device's clock: one prefix at a time, ~600 a second): a burst of 8
+    just after start-up is below capacity and all served; 3,000 submitted at once offer more than capacity
+    within the 1 s window, and from then on a request that would wait past its budget gets Overloaded with a
+    time to retry after."""
+    with Runtime(device, adapt=False, max_inflight=100_000) as rt:
+        name = rt.order[0]
+        last = rt.models[name].last
+        xs = load_inputs(rt.rev_dir, rt.manifest.models[0], 3)
+        rt.precompute(name, xs, points="all")
+        rt.configure({name: last}, {name: 0})
+        assert all(f.result(30) is not None for f in [rt.submit(name, xs[i % 3]) for i in range(8)])
+        capacity = rt.capacity_rps(name)
+        futs, refusals = [], []
+        for i in range(3000):
+            try:
+                futs.append(rt.submit(name, xs[i % 3]))
+            except Overloaded as e:
+                refusals.append((i, e))
+        assert refusals and refusals[0][0] + 9 > capacity  # none before the window held more than capacity (the 8,
+        # the ones before it and itself)
+        assert all(e.retry_after_s > 0 and "budget" in str(e) for _, e in refusals)
+        assert all(f.result(60) is not None for f in futs)
+        assert f'edgeplan_latency_budget_seconds{{model="{name}"}}' in rt.metrics_text()
+
+
 def test_http_api(device):
     rt = Runtime(device, adapt=False, max_inflight=64).start()
     server = serve(rt, "127.0.0.1", 0)
