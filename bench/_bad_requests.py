@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 from _faults import record
 
+from edgeplan.pipeline import local_server
+
 READ_TIMEOUT_S = 30.0
 
 
@@ -185,19 +187,20 @@ class Cases:
                                 b"POST /infer/x HTTP/9.9\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\x00\r\n\r\n"]), b""
 
 
-def _rss_mb(pid: int) -> float:
+def rss_mb(pid: int) -> float:
+    """The process's VmRSS (MB), read from /proc."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
 
 
-def start_serve(dest: Path, env: dict, request_timeout_s: float, log: Path) -> tuple[subprocess.Popen, int]:
-    """A real ``edgeplan-runtime serve`` process on a free loopback port; (process, port)."""
+def start_serve(dest: Path, env: dict, log: Path, *options: str) -> tuple[subprocess.Popen, int]:
+    """A real ``edgeplan-runtime serve`` process of ``dest`` with ``options`` on a free loopback port; (process,
+    port)."""
     err = open(log, "wb")  # noqa: SIM115 (the process's stderr for its lifetime)
     proc = subprocess.Popen([sys.executable, "-m", "edgeplan.runtime.cli", "serve", str(dest), "--port", "0",
-                             "--mode", "cpu", "--no-adapt", "--inputs", "1", "--request-timeout",
-                             str(request_timeout_s)], env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+                             *options], env=env, stdout=subprocess.PIPE, stderr=err, text=True)
     line = proc.stdout.readline()
     if " on http://" not in line:
         proc.kill()
@@ -211,12 +214,13 @@ def run_bad_requests(dest: Path, env: dict, model: str, shape, n: int, seed: int
     senders at once with good requests beside them."""
     rng = random.Random(seed)
     cases = Cases(model, shape, rng)
-    proc, port = start_serve(dest, env, request_timeout_s, work / "serve-bad.stderr")
+    proc, port = start_serve(dest, env, work / "serve-bad.stderr", "--mode", "cpu", "--no-adapt", "--inputs", "1",
+                             "--request-timeout", str(request_timeout_s))
     rows, violations, good_failed = [], [], []
     try:
         for _ in range(20):  # warm-up: interpreters built, buffers grown
             exchange(port, *cases.good())
-        rss0 = _rss_mb(proc.pid)
+        rss0 = rss_mb(proc.pid)
         for i in range(n):
             kind, head, body = cases.make()
             code = exchange(port, head, body)
@@ -249,15 +253,11 @@ def run_bad_requests(dest: Path, env: dict, model: str, shape, n: int, seed: int
             record(rows, violations, {"trial": n + k, "seed": seed, "kind": "slow", "status": code,
                                       "violations": broke}, "bad requests", n + slow)
         print(file=sys.stderr)
-        rss1 = _rss_mb(proc.pid)
+        rss1 = rss_mb(proc.pid)
         alive = proc.poll() is None and exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close"
                                                        b"\r\n\r\n") == 200
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        local_server._terminate(proc)  # SIGTERM, SIGKILL after 20 s
     by: dict = {}
     for r in rows:
         by.setdefault(r["kind"], {"sent": 0, "statuses": {}})

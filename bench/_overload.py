@@ -28,14 +28,16 @@ import json
 import math
 import random
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
-from _faults import EDGEPLAN
+from _bad_requests import rss_mb, start_serve
+from _faults import EDGEPLAN, _run
+
+from edgeplan.pipeline.local_server import _terminate as stop
 
 MODEL = "resnet50v2_224"
 CLASS = "cpu-1core"
@@ -47,16 +49,10 @@ RSS_EVERY_S = 5.0
 WINDOW_S = 10.0  # the plot's windows
 RSS_LIMIT_MB = 50.0
 P99_LIMIT = 2.0  # x the plan's predicted latency
+SERVE = ("--no-adapt", "--inputs", "1")  # the plan's configuration as it is; no load-test set to compute ahead
 
 
 # ---------------------------------------------------------------------------------------------- the deployment
-def _run(cmd: list[str], env: dict, timeout: float = 900) -> None:
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=timeout)
-    if res.returncode != 0:
-        tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
-        raise RuntimeError(f"{' '.join(cmd[3:6])} failed: {' | '.join(tail)}")
-
-
 def prepare(work: Path, scratch: Path, env: dict) -> Path:
     """The device directory (revision 1 of deployment ``overload`` pulled and active); the compiled model is
     kept under ``work`` between runs, the store and the device directory are made anew in ``scratch``."""
@@ -108,38 +104,9 @@ def body(dest: Path, seed: int) -> bytes:
     return buf.getvalue()
 
 
-def start(dest: Path, env: dict, log: Path, *extra: str) -> tuple[subprocess.Popen, int]:
-    """A real ``edgeplan-runtime serve`` on a free loopback port: (process, port)."""
-    err = open(log, "wb")  # noqa: SIM115 (the process's stderr for its lifetime)
-    proc = subprocess.Popen([sys.executable, "-m", "edgeplan.runtime.cli", "serve", str(dest), "--port", "0",
-                             "--no-adapt", "--inputs", "1", *extra], env=env, stdout=subprocess.PIPE, stderr=err,
-                            text=True)
-    line = proc.stdout.readline()
-    if " on http://" not in line:
-        proc.kill()
-        raise RuntimeError(f"serve did not start: {line!r} {log.read_text()[-500:]}")
-    return proc, int(line.split(" on http://", 1)[1].split()[0].rsplit(":", 1)[1])
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return math.nan
-
-
 # ---------------------------------------------------------------------------------------------- the client
 async def _exchange(port: int, payload: bytes) -> dict:
-    """One POST on its own connection: status, headers (lower-cased) and when the answer was read."""
+    """One POST on its own connection: the answer's status and headers (names lower-cased)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(b"POST /infer/" + MODEL.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
@@ -224,7 +191,7 @@ def run_overload(work: Path, scratch: Path, env: dict, seconds: float, seed: int
     dest = prepare(work, scratch, env)
     predicted = predicted_ms(dest)
     payload = body(dest, seed)
-    proc, port = start(dest, env, scratch / "serve-capacity.stderr", "--latency-budget", "0")
+    proc, port = start_serve(dest, env, scratch / "serve-capacity.stderr", *SERVE, "--latency-budget", "0")
     try:
         _closed_loop(port, payload, 2, 3.0)  # warm-up
         counts = _closed_loop(port, payload, 3, CAPACITY_S)
@@ -234,7 +201,7 @@ def run_overload(work: Path, scratch: Path, env: dict, seconds: float, seed: int
     offered = 2 * capacity
     print(f"[reliability] overload: capacity {capacity:.1f} req/s (closed loop, no admission); plan predicts "
           f"{predicted:.2f} ms; {seconds:g} s at {offered:.1f} req/s ...", flush=True)
-    proc, port = start(dest, env, scratch / "serve-overload.stderr")
+    proc, port = start_serve(dest, env, scratch / "serve-overload.stderr", *SERVE)
     samples: list = []
     done = threading.Event()
 

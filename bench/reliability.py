@@ -23,7 +23,8 @@ store faults: bench/_store_faults.py (the proxy: bench/_proxy.py). Campaign 7, f
 Campaign 5, its bad requests: bench/_bad_requests.py; its overload (campaign "overload"): bench/_overload.py. The
 accuracy gate: ``accuracy_campaign`` below.
 
-Keys: publish_kill_trials (trials over both stores), publish_kill_violations (trials that broke a promise, each
+Keys: duration_s (the last whole run: at most 60 min without flags; duration_commit), campaign_seconds (each campaign's wall time, the
+shared compiles and publishes under "setup"); publish_kill_trials (trials over both stores), publish_kill_violations (trials that broke a promise, each
 listed with its seed and what broke), and per store: trials, violations, boundary and random-time trials, the
 store calls of one publish, its duration; pull_kill_trials, pull_kill_violations, disk_full_trials,
 disk_full_violations (with every trial under "pull" and "disk_full"); bundle_mutations,
@@ -250,33 +251,36 @@ def main() -> int:
     result = json.loads(old.read_text()) if set(chosen) != set(CAMPAIGNS) and old.is_file() else {}
     result.update({"machine": machine(), "quick": args.quick, "seed": args.seed})
     scratch = Path(tempfile.mkdtemp(prefix="edgeplan-reliability-"))
+    took = result.setdefault("campaign_seconds", {})  # each campaign's wall time, its setup included
+    took["setup"] = time.perf_counter() - t0
+
+    def run(name: str, campaign) -> None:
+        if name in chosen:
+            t = time.perf_counter()
+            result.update(campaign())
+            took[name] = time.perf_counter() - t
+
     try:
-        if "publish" in chosen:
-            trials = args.trials if args.trials is not None else (quick or 70)
-            result.update(publish_campaign(built, key_path, public, params, trials, args.seed, scratch))
+        trials = args.trials if args.trials is not None else (quick or 70)
+        run("publish", lambda: publish_campaign(built, key_path, public, params, trials, args.seed, scratch))
         if {"pull", "bundle", "requests"} & set(chosen):
             import _pull_kills
 
+            t = time.perf_counter()
             setup = _pull_kills.prepare(scratch, built, key_path, params, public)
-        if "pull" in chosen:
-            result.update(pull_campaign(setup, args, quick, scratch))
-        if "bundle" in chosen:
-            result.update(bundle_campaign(setup, keys.load_signing_key(key_path).key, args, quick, scratch))
-        if "requests" in chosen:
-            result.update(requests_campaign(setup, args, quick, scratch))
-        if "overload" in chosen:
-            result.update(overload_campaign(args, quick, scratch))
-        if "models" in chosen:
-            result.update(models_campaign(args, quick, scratch))
-        if "store" in chosen:
-            result.update(store_campaign(built, key_path, public, params, args, quick, scratch))
-        if "flow" in chosen:
-            result.update(flow_campaign(args, quick, scratch))
-        if "accuracy" in chosen:
-            result.update(accuracy_campaign(args, scratch))
+            took["setup"] += time.perf_counter() - t
+        run("pull", lambda: pull_campaign(setup, args, quick, scratch))
+        run("bundle", lambda: bundle_campaign(setup, keys.load_signing_key(key_path).key, args, quick, scratch))
+        run("requests", lambda: requests_campaign(setup, args, quick, scratch))
+        run("overload", lambda: overload_campaign(args, quick, scratch))
+        run("models", lambda: models_campaign(args, quick, scratch))
+        run("store", lambda: store_campaign(built, key_path, public, params, args, quick, scratch))
+        run("flow", lambda: flow_campaign(args, quick, scratch))
+        run("accuracy", lambda: accuracy_campaign(args, scratch))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    result["duration_s"] = time.perf_counter() - t0
+    if set(chosen) == set(CAMPAIGNS):  # a part run keeps the whole run's duration
+        result.update(duration_s=time.perf_counter() - t0, duration_commit=machine()["commit"])
     publish("reliability", result, plot, ("publish_kill_trials", "publish_kill_violations", "pull_kill_trials",
                                           "pull_kill_violations", "disk_full_trials", "disk_full_violations",
                                           "bundle_mutations", "bundle_accepted_mutations", "bundle_tracebacks",
@@ -463,13 +467,14 @@ def accuracy_campaign(args, scratch) -> dict:
         (work / "params.yaml").write_text(yaml.safe_dump(params))
         print(f"[reliability] accuracy gate: compiling digits_cnn with the {tag} calibration", flush=True)
         proc = subprocess.run([sys.executable, "-m", "edgeplan.cli", "compile", "zoo:digits_cnn", "--name",
-                               "digits_cnn", "--version", "1", "--out", str(args.work / "accuracy" / tag)],
+                               "digits_cnn", "--version", "1", "--out", str(work / "artifacts")],
                               cwd=work, capture_output=True, text=True, timeout=1800, check=False)
-        path = args.work / "accuracy" / tag / "digits_cnn" / "1" / "accuracy.json"
+        path = work / "artifacts" / "digits_cnn" / "1" / "accuracy.json"
         if not path.is_file():
             raise RuntimeError(f"{tag}: no accuracy.json (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
         doc = json.loads(path.read_text())
         runs[tag] = {"exit": proc.returncode, "calibration": calibration or "params.yaml default",
+                     "last_line": (proc.stderr.strip().splitlines() or [""])[-1][:300],
                      "float_top1": doc["float_top1"], "samples": doc["samples"],
                      "max_top1_drop": doc["max_top1_drop"], "points": doc["points"]}
     good, bad = runs["default"], runs["broken"]
@@ -527,6 +532,7 @@ def plot(result: dict, path: Path) -> None:
         ax.axhline(over["capacity_rps"], c="tab:green", ls=":", label="capacity (closed loop)")
         ax.set_xlabel("s into the overload")
         ax.set_ylabel("requests / s")
+        ax.set_ylim(0, 1.2 * max(w["offered_rps"] for w in ws))
         ax.legend(fontsize=8, loc="center left")
         ax2 = ax.twinx()
         ax2.plot(t, [w["p99_ms"] for w in ws], c="tab:red", label="served p99 ms (client)")
