@@ -254,10 +254,16 @@ def _ranks(split_dir: Path) -> list[dict]:
 
 
 def _report(line: str, marker: str) -> dict:
+    """The JSON object after ``marker`` on ``line``. Text after it is another writer's, landed on the same line
+    (mpirun's banner of dashes, when a rank's last line lacked its newline as mpirun aborted: seen in CI), and is
+    dropped."""
     try:
-        return json.loads(line[line.index(marker) + len(marker):])
+        doc, _ = json.JSONDecoder().raw_decode(line[line.index(marker) + len(marker):].lstrip())
     except ValueError:
-        raise DistributedError(f"a rank's report is garbled: {line[:200]!r}") from None
+        doc = None
+    if not isinstance(doc, dict):
+        raise DistributedError(f"a rank's report is garbled: {line[:200]!r}")
+    return doc
 
 
 def _who_died(stderr: str, split_dir: Path) -> str:

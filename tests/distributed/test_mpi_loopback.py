@@ -86,6 +86,16 @@ def test_steady_throughput_skips_the_pipeline_filling():
     assert steady_fps([1.0], skip=0) is None
 
 
+def test_a_rank_report_with_another_writers_text_after_it_is_read():
+    """Regression (CI): mpirun's banner of dashes landed on the line of a rank's last report, which was then
+    refused as garbled instead of naming the rank's error."""
+    line = 'EDGEPLAN-RANK-ERROR {"rank": 1, "host": "vm", "error": "tables.json: axis 3"}' + "-" * 66
+    assert launch._report(line, launch.ERROR) == {"rank": 1, "host": "vm", "error": "tables.json: axis 3"}
+    for bad in ("EDGEPLAN-RANK-ERROR {\"rank\": 1", "EDGEPLAN-RANK-ERROR [1, 2]", "EDGEPLAN-RANK-ERROR"):
+        with pytest.raises(launch.DistributedError, match="garbled"):
+            launch._report(bad, launch.ERROR)
+
+
 @pytest.mark.parametrize("fault,says", [
     ("1:3:raise", r"^rank 1 on \S+ \(stage \d+, frame 3\): fault injected"),
     ("2:5:kill", r"^rank 2 on localhost failed \(killed, exited or cut off\): rank [01] on \S+ \(.*frame 5\) lost it"),
