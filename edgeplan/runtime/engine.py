@@ -171,8 +171,13 @@ class RateMonitor:
         self.lock = threading.Lock()
 
     def arrive(self, name: str, now: float) -> None:
+        """Count an arrival, and drop the model's arrivals out of the window (here, not only in ``rates``: a
+        monitor nobody reads, as the offered-load one below capacity, would otherwise keep every arrival)."""
         with self.lock:
-            self.arrivals[name].append(now)
+            q = self.arrivals[name]
+            q.append(now)
+            while q[0] < now - self.window:
+                q.popleft()
 
     def rates(self, now: float | None = None) -> dict[str, float]:
         now = time.perf_counter() if now is None else now
