@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import zipfile
 from pathlib import Path
 from typing import Sequence
@@ -40,9 +41,9 @@ def load_any(path: str | os.PathLike, input_shape: Sequence[int] | None = None) 
                 f"{path}: a directory, but not a TensorFlow SavedModel (no saved_model.pb). "
                 "Give an .onnx file, a .keras file or a SavedModel directory."
             )
-        model = _from_saved_model(path, input_shape)
+        model = _renumber_generated_names(_from_saved_model(path, input_shape))
     elif path.suffix == ".keras":
-        model = _from_keras(path, input_shape)
+        model = _renumber_generated_names(_from_keras(path, input_shape))
     elif path.suffix in (".h5", ".hdf5", ".tflite", ".pb", ".pt", ".pth"):
         raise UnsupportedModelError(
             f"{path}: {path.suffix} files are not supported; give an .onnx file, a .keras file "
@@ -51,6 +52,44 @@ def load_any(path: str | os.PathLike, input_shape: Sequence[int] | None = None) 
     else:
         model = _read_onnx(path)
     return canonicalise(model, input_shape=input_shape, source=str(path))
+
+
+_GENERATED = re.compile(r"(__|^)(\d+)(?=\D|$)")  # tf2onnx's ``X__58``; TensorFlow's captured ``551:0``
+
+
+def _renumber_generated_names(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Number the names the conversion made up from 1 in order of first appearance: tf2onnx's
+    ``conv2d/BiasAdd__58``, a SavedModel's captured constants ``551:0`` (and drop the doc strings, which name the
+    traced function ``__inference_<lambda>_555``).
+
+    tf2onnx and TensorFlow number them from process-wide counters, so the same file converted twice in one process
+    (or after another model) gave other names, another canonical ONNX and another fingerprint: a second
+    ``edgeplan ingest`` of the same file was refused as another model. Every number is mapped through one
+    bijection, the rest of the name kept, so distinct names stay distinct."""
+    numbers: dict[str, str] = {}
+
+    def renamed(name: str) -> str:
+        return _GENERATED.sub(lambda m: m.group(1) + numbers.setdefault(m.group(2), str(len(numbers) + 1)), name)
+
+    def graph(g: onnx.GraphProto) -> None:
+        for v in (*g.input, *g.initializer, *g.sparse_initializer, *g.output, *g.value_info):
+            named = v.values if isinstance(v, onnx.SparseTensorProto) else v
+            named.name = renamed(named.name)
+        for n in g.node:
+            n.name = renamed(n.name)
+            n.input[:] = [renamed(x) for x in n.input]
+            n.output[:] = [renamed(x) for x in n.output]
+            for a in n.attribute:
+                for sub in (*([a.g] if a.HasField("g") else []), *a.graphs):
+                    graph(sub)
+
+    # First appearance in graph order: the nodes (topological, the same whatever the counter) before the rest.
+    for n in model.graph.node:
+        for x in (n.name, *n.input, *n.output):
+            renamed(x)
+    graph(model.graph)
+    model.doc_string = model.graph.doc_string = ""
+    return model
 
 
 def _read_onnx(path: Path) -> onnx.ModelProto:

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 from edgeplan.errors import CorruptModelError, DynamicShapeError, ModelNotFoundError, UnsupportedModelError
 from edgeplan.graph.ingest import canonicalise, load_any
-from edgeplan.graph.model import GraphView
+from edgeplan.graph.model import GraphView, fingerprint
 from edgeplan.pipeline import stages
 from edgeplan.zoo import tiny
 
@@ -140,6 +140,9 @@ def test_keras_file_and_saved_model(tmp_path):
         sess = ort.InferenceSession(m.SerializeToString())
         got = sess.run(None, {view.input.name: x.transpose(0, 3, 1, 2)})[0]
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+        # tf2onnx numbers the names it makes from a process-wide counter: the same file, converted again in this
+        # process, must still be the same model (else a second `edgeplan ingest` is refused as another model)
+        assert fingerprint(load_any(path)) == fingerprint(m), path
 
 
 def test_maxpool_padding_after_relu_becomes_a_zero_pad():
