@@ -161,9 +161,9 @@ class BatchScorer:
 
     def score(self, points: np.ndarray, with_cores: bool = False):
         """(key, objective[, cores]) for each row of ``points`` (m, n): key is the objective of eq. (5) with
-        the best core allocation, or UNSTABLE * (1 + the worst of TPU utilisation, CPU load / cores,
-        suffixes / cores) when no allocation is stable; cores (with ``with_cores``, (m, n)) is that
-        allocation, for stable rows."""
+        the best core allocation, or UNSTABLE * (1 + the larger of TPU utilisation and the cores the
+        suffixes need / cores, plus 1e-3 CPU load / cores) when no allocation is stable; cores (with
+        ``with_cores``, (m, n)) is that allocation, for stable rows."""
         s = self.evaluate(points)
         if not with_cores:
             return s.key, s.objective
@@ -215,8 +215,12 @@ class BatchScorer:
         objective = np.where(tpu_ok, tpu_cost + dp.min(axis=0), np.inf)
         stable = objective < np.inf
         key = objective
-        if not stable.all():  # the CPU's pressure: the larger of its load and its suffixes, per core
-            pressure = np.maximum(rho, f[7:9].sum(axis=1).max(axis=0) / self.cores)
+        if not stable.all():
+            # the CPU's pressure: the cores its suffixes need at least (floor(load) + 1 each: a suffix's M/D/k is
+            # stable only on more cores than its load) per core, its load per core breaking ties so that a climb
+            # sees its way down a plateau of equal needs
+            need = ((np.floor(load) + 1) * f[8]).sum(axis=0)
+            pressure = np.maximum(rho, need / self.cores) + 1e-3 * load.sum(axis=0) / self.cores
             key = np.where(stable, objective, UNSTABLE * (1 + pressure))
         return Scored(key, objective, dp, trials)
 
