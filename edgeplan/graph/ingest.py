@@ -92,6 +92,29 @@ def _renumber_generated_names(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _name_shared_constants(g: onnx.GraphProto) -> None:
+    """Name each constant several nodes read after its first reader: tf2onnx and constant folding merge equal
+    constants (ReLU6's bounds, shared by every Clip; zero biases) and keep the name of whichever one they met first,
+    in an order that changes from process to process and from call to call (measured: MobileNetV2's bounds came out
+    as ``block_13_...`` in one run and ``block_10_...`` in the next, so two ingests of one file had different
+    fingerprints)."""
+    readers: dict[str, list[tuple[int, int]]] = {}
+    inits = {t.name for t in g.initializer}
+    for i, n in enumerate(g.node):
+        for k, x in enumerate(n.input):
+            if x in inits:
+                readers.setdefault(x, []).append((i, k))
+    names = {x: f"{g.node[at[0][0]].name}:shared{at[0][1]}" for x, at in readers.items() if len(at) > 1}
+    if not names:
+        return
+    for t in g.initializer:
+        t.name = names.get(t.name, t.name)
+    for n in g.node:
+        n.input[:] = [names.get(x, x) for x in n.input]
+    for v in (*g.input, *g.value_info):
+        v.name = names.get(v.name, v.name)
+
+
 def _read_onnx(path: Path) -> onnx.ModelProto:
     data = path.read_bytes()
     if not data:
@@ -575,6 +598,7 @@ def canonicalise(
         _fold_conv_affine(model)
         _two_input_sum_to_add(model)
         _explicit_pool_padding(model)
+        _name_shared_constants(model.graph)
         del model.graph.value_info[:]
         model = _infer_shapes(model, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:

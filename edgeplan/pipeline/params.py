@@ -18,6 +18,7 @@ DEFAULTS: dict = {
         "calibration": {"kind": "random", "low": -1.0, "high": 1.0, "samples": 64, "seed": 0},
         "match_min_cosine": 0.5,
         "timeout_s": 1800,
+        "piece_bytes": 128 << 20,
     },
     "compile": {"compiler": "auto", "onchip_bytes": 8 * 1024 * 1024, "allow_multiple_subgraphs": False},
     "verify": {"samples": 4, "seed": 1000, "min_cosine": 0.85},

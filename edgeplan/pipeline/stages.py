@@ -129,6 +129,7 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     from edgeplan.quantize import convert
     from edgeplan.quantize.calibration import CalibrationSpec, calibration_data, sample_inputs
     from edgeplan.quantize.match import match_candidates
+    from edgeplan.quantize.pieces import plan as plan_pieces
     from edgeplan.quantize.tflite_graph import TfliteGraph
 
     model_path = root / "model.onnx"
@@ -146,11 +147,13 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     int8_path = root / "model_int8.tflite"
     calibration = calibration_data(spec, in_shape)
     model_sha = fingerprint(model)
-    made_from = _conversion_inputs(model_sha, calibration)
+    pieces = plan_pieces(view, int(qp["piece_bytes"])) if qp.get("piece_bytes") else None
+    made_from = _conversion_inputs(model_sha, calibration, pieces)
     data = _converted(int8_path, made_from)
     if data is None:
         with tempfile.TemporaryDirectory(prefix="edgeplan-convert-") as tmp, memory.stage("int8 conversion"):
-            data = convert.to_int8_tflite(model_path, calibration, Path(tmp), qp["timeout_s"])
+            data = convert.to_int8_tflite(model_path, calibration, Path(tmp), qp["timeout_s"], pieces, view,
+                                          lambda done, total: progress("int8 conversion", done, total))
         write_bytes_atomic(int8_path, data)
         write_json_atomic(root / CONVERTED_FROM, {**made_from, "tflite_sha256": hashlib.sha256(data).hexdigest()})
     progress("int8 conversion", 1, 1)
@@ -189,15 +192,16 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
 CONVERTED_FROM = "model_int8.json"  # what model_int8.tflite was converted from: the checkpoint inside build
 
 
-def _conversion_inputs(model_sha256: str, calibration) -> dict:
+def _conversion_inputs(model_sha256: str, calibration, pieces=None) -> dict:
     """Everything the int8 conversion's output depends on: the ONNX model, the calibration samples, the
-    quantize code and the converter's versions."""
+    quantize code, the converter's versions and the pieces it converts the model in."""
     from importlib.metadata import version
 
     return {"model_sha256": model_sha256,
             "calibration_sha256": hashlib.sha256(calibration.tobytes() + str(calibration.shape).encode()).hexdigest(),
-            "code_sha256": code_digest(("quantize",)),
-            "versions": {p: version(p) for p in ("tensorflow", "onnx2tf", "onnx")}}
+            "code_sha256": code_digest(("quantize", "surgery/pieces.py")),
+            "versions": {p: version(p) for p in ("tensorflow", "onnx2tf", "onnx")},
+            "pieces": [p.to_json() for p in pieces or ()]}
 
 
 def _converted(int8_path: Path, made_from: dict) -> bytes | None:

@@ -13,12 +13,16 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import onnx
 
 from edgeplan.errors import ConversionError
+from edgeplan.graph.model import GraphView
+from edgeplan.quantize.pieces import Piece
+from edgeplan.quantize.piecewise_child import LOADING
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +48,9 @@ def check_convertible(model: onnx.ModelProto, source: str) -> None:
 
 
 def _onnx2tf(onnx_path: Path, out_dir: Path, timeout: float, source: Path | None = None) -> None:
-    exe = Path(sys.executable).with_name("onnx2tf")
-    cmd = [str(exe) if exe.exists() else (shutil.which("onnx2tf") or "onnx2tf")]
-    cmd += ["-i", str(onnx_path), "-o", str(out_dir / "saved_model"), "-b", "1", "-v", "error"]
+    # onnx2tf's own command line (its main()), in a child that stops it once the SavedModel is written
+    cmd = [sys.executable, "-c", _ONNX2TF, "-i", str(onnx_path), "-o", str(out_dir / "saved_model"), "-b", "1",
+           "--not_use_onnxsim", "-v", "error"]
     # onnx2tf checks its conversion on a sample image it would otherwise download: give it one.
     rng = np.random.default_rng(0)
     np.save(out_dir / _SAMPLE, rng.random((20, 128, 128, 3), dtype=np.float32))
@@ -74,40 +78,83 @@ def _explain_failure(onnx_path: Path, output: str, source: Path | None = None) -
     return f"{source or onnx_path}: the TFLite conversion failed{where}: {_last_error(clean)}"
 
 
-def to_int8_tflite(onnx_path: Path, calibration: np.ndarray, workdir: Path, timeout: float = 1800) -> bytes:
+def to_int8_tflite(onnx_path: Path, calibration: np.ndarray, workdir: Path, timeout: float = 1800,
+                   pieces: list[Piece] | None = None, view: GraphView | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> bytes:
     """Convert once; ``calibration`` is float32 NCHW (N, C, H, W) or (N, ...) for non-image inputs. Both steps
     run in child processes: the TFLite quantizer aborts the process on some inputs (a calibration range that is
-    not finite), and an abort must end in one line, not take the pipeline down."""
+    not finite), and an abort must end in one line, not take the pipeline down. With more than one of ``pieces``
+    (``quantize/pieces.plan`` on ``view``, the model's GraphView), the model is converted piece by piece
+    (``quantize/piecewise``)."""
     workdir.mkdir(parents=True, exist_ok=True)
+    source = Path(onnx_path).resolve()
+    if pieces and (len(pieces) > 1 or pieces[0].parts > 1):
+        from edgeplan.quantize import piecewise
+
+        return piecewise.convert(view, pieces, source, calibration, workdir, timeout, progress)
     # onnx2tf rewrites the model it is given (it simplifies it in place): give it a copy, so model.onnx keeps
     # the bytes its fingerprint in model.json was taken from
-    source = Path(onnx_path).resolve()
     copy = workdir / "input.onnx"
     shutil.copyfile(source, copy)
     _onnx2tf(copy, workdir, timeout, source)
     np.save(workdir / "calibration.npy", calibration.transpose(0, 2, 3, 1) if calibration.ndim == 4 else calibration)
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="-1", TF_CPP_MIN_LOG_LEVEL="3")
-    try:
-        proc = subprocess.run([sys.executable, "-c", _QUANTIZE, str(workdir)], env=env, capture_output=True,
-                              check=False, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        raise ConversionError(f"{source}: int8 quantization did not finish within {timeout:.0f} s") from e
     out = workdir / "model_int8.tflite"
-    if proc.returncode != 0 or not out.is_file():
-        if proc.returncode >= 0:
-            how = ("the int8 model the quantizer wrote does not run in LiteRT" if _LOADING in proc.stderr
-                   else "int8 quantization failed")
-        elif _LOADING in proc.stderr:
-            raise ConversionError(f"{source}: the int8 model the quantizer wrote makes LiteRT abort (signal "
-                                  f"{-proc.returncode}) when it is loaded; "
-                                  f"{_largest_scale(workdir / 'unchecked.tflite')}")
-        else:
-            how = (f"the quantizer aborted (signal {-proc.returncode}): are the float model's activations finite "
-                   "on the calibration data? (a weight far out of range overflows them)")
-        last = _last_error((proc.stdout + proc.stderr).replace(_LOADING, ""))
-        raise ConversionError(f"{source}: {how}{f' ({last})' if last else ''}")
+    run_tf_child([sys.executable, "-c", _QUANTIZE, str(workdir)], source, "int8 quantization", timeout, workdir)
+    if not out.is_file():
+        raise ConversionError(f"{source}: int8 quantization wrote no model")
     return out.read_bytes()
 
+
+def run_tf_child(cmd: list[str], source, what: str, timeout: float, workdir: Path) -> None:
+    """Run a TensorFlow child of the conversion; a failure, a time-out or an abort (a crash of the quantizer, or of
+    LiteRT loading what it wrote: ``workdir/unchecked.tflite``) is one ConversionError saying which."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="-1", TF_CPP_MIN_LOG_LEVEL="3")
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, check=False, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise ConversionError(f"{source}: {what} did not finish within {timeout:.0f} s") from e
+    if proc.returncode == 0:
+        return
+    if proc.returncode > 0:
+        how = ("the int8 model the quantizer wrote does not run in LiteRT" if _LOADING in proc.stderr
+               else f"{what} failed")
+    elif _LOADING in proc.stderr:
+        raise ConversionError(f"{source}: the int8 model the quantizer wrote makes LiteRT abort (signal "
+                              f"{-proc.returncode}) when it is loaded; {_largest_scale(workdir / 'unchecked.tflite')}")
+    else:
+        how = (f"the quantizer aborted (signal {-proc.returncode}): are the float model's activations finite "
+               "on the calibration data? (a weight far out of range overflows them)")
+    last = _last_error((proc.stdout + proc.stderr).replace(_LOADING, ""))
+    raise ConversionError(f"{source}: {how}{f' ({last})' if last else ''}")
+
+
+# onnx2tf, run by _onnx2tf in a child with onnx2tf's arguments. After the SavedModel, onnx2tf converts it to float32
+# and float16 TFLite models nobody reads: on VGG16 those took 185 s of its 276 s and set its peak (12.5 GB of process
+# tree against 7.0 GB without them). The first call they make stops it. onnx-simplifier (--not_use_onnxsim) is not run: it ran
+# only when its command happened to be on PATH (never from .venv/bin/edgeplan), and the canonical model is already
+# folded and shape-inferred.
+_ONNX2TF = """
+import sys
+
+import tensorflow as tf
+from onnx2tf import onnx2tf
+
+
+class SavedModelWritten(Exception):
+    pass
+
+
+def stop(*args, **kwargs):
+    raise SavedModelWritten
+
+
+tf.lite.TFLiteConverter.from_concrete_functions = stop
+sys.argv = ["onnx2tf", *sys.argv[1:]]
+try:
+    onnx2tf.main()
+except SavedModelWritten:
+    pass
+"""
 
 # The TFLite quantizer, run by to_int8_tflite in a child: argv[1] holds saved_model/ and calibration.npy (NHWC).
 _QUANTIZE = """
@@ -147,7 +194,7 @@ interpreter(model)
 primed(model)
 (work / "model_int8.tflite").write_bytes(model)
 """
-_LOADING = "edgeplan: loading the int8 model"
+_LOADING = LOADING
 _QUANTIZE = _QUANTIZE.replace("LOADING", repr(_LOADING))
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 from edgeplan.errors import ModelNotFoundError
-from edgeplan.zoo import alexnet, chain, digits, keras_apps, light, tiny
+from edgeplan.zoo import alexnet, chain, digits, keras_apps, light, tiny, wide
 
 _TABLE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "mobilenetv2_0.35_96": (partial(keras_apps.build, "MobileNetV2", 96, alpha=0.35), "Keras MobileNetV2 alpha 0.35, 96x96"),
@@ -29,6 +29,7 @@ _TABLE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "alexnet_224": (alexnet.build, "AlexNet (torchvision layout), 224x224, built node by node"),
     "spatial_chain": (chain.build, "chain CNN, 3x45x45: stride-2 SAME and padded convs, dilation 2, max/avg pools"),
     "tiny_cnn": (partial(tiny.build, lrn=False), "8-layer residual CNN, 3x32x32, built node by node"),
+    "wide_fc": (wide.build, "CNN with a VGG-like wide fully-connected head, 3x32x32, 1.3M parameters"),
     "tiny_cnn_lrn": (partial(tiny.build, lrn=True), "tiny_cnn with an LRN (no int8 kernel, no Edge TPU op)"),
     "digits_cnn": (digits.build, ("CNN trained here on scikit-learn's handwritten digits, 1x32x32; held-out "
                                   "quarter as its labelled evaluation set")),

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -127,6 +129,9 @@ def test_keras_file_and_saved_model(tmp_path):
     # conversion captures them (EfficientNet's stem), and they must come out as constants, not inputs
     h = keras.layers.Normalization(mean=[0.1, -0.2, 0.3], variance=[2.0, 0.5, 1.5])(inp)
     h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(h)
+    # two ReLU6: tf2onnx merges their Clip bounds into constants it names after either Clip
+    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu6")(h)
+    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu6")(h)
     h = keras.layers.GlobalAveragePooling2D()(h)
     km = keras.Model(inp, keras.layers.Dense(5)(h))
     km.save(tmp_path / "m.keras")
@@ -143,6 +148,12 @@ def test_keras_file_and_saved_model(tmp_path):
         # tf2onnx numbers the names it makes from a process-wide counter: the same file, converted again in this
         # process, must still be the same model (else a second `edgeplan ingest` is refused as another model)
         assert fingerprint(load_any(path)) == fingerprint(m), path
+    # ... and in another process, where tf2onnx meets the equal constants in another order
+    code = "import sys; from edgeplan.graph.ingest import load_any; from edgeplan.graph.model import fingerprint; " \
+           "print(fingerprint(load_any(sys.argv[1])))"
+    other = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.keras")], capture_output=True, text=True,
+                           check=True).stdout.split()[-1]
+    assert other == fingerprint(load_any(tmp_path / "m.keras"))
 
 
 def test_maxpool_padding_after_relu_becomes_a_zero_pad():
