@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -79,12 +80,25 @@ def staged_dir(out: str | os.PathLike):
 
 
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
+    write_chunks_atomic(path, (data,))
+
+
+def write_chunks_atomic(path: str | os.PathLike, chunks: Iterable[bytes]) -> str:
+    """Write the concatenated ``chunks`` to ``path`` through a temporary file in the same directory; their sha256."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    h = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for c in chunks:
+                f.write(c)
+                h.update(c)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     os.replace(tmp, path)
+    return h.hexdigest()
 
 
 class _Record:
@@ -369,5 +383,6 @@ __all__ = [
     "VerifyReport",
     "code_digest",
     "write_bytes_atomic",
+    "write_chunks_atomic",
     "write_json_atomic",
 ]

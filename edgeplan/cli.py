@@ -54,6 +54,18 @@ def _shape(text: str | None):
     return dims
 
 
+def _size(text: str) -> int:
+    from edgeplan.pipeline.preflight import parse_size
+
+    try:
+        size = parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be above 0")
+    return size
+
+
 @contextmanager
 def _progress():
     with Progress(TextColumn("[bold]{task.description:<16}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -167,7 +179,7 @@ def cmd_accuracy(args, params) -> int:
 
 def cmd_ingest(args, params) -> int:
     out = _stages().ingest(args.model, args.name, args.version, Path(args.out), args.input_shape,
-                           params["ingest"]["max_model_bytes"])
+                           params["ingest"]["max_model_bytes"], params["ingest"].get("max_memory_bytes"))
     console.print(f"wrote {out / 'model.onnx'} and {out / 'model.json'}")
     return 0
 
@@ -285,7 +297,7 @@ def cmd_compile(args, params) -> int:
         with _progress() as update:
             update("ingest", 0, 1)
             root = st.ingest(args.model, args.name, args.version, Path(args.out), args.input_shape,
-                             params["ingest"]["max_model_bytes"])
+                             params["ingest"]["max_model_bytes"], params["ingest"].get("max_memory_bytes"))
             update("ingest", 1, 1)
             result = st.build(root, params, update)
         print_build(result)
@@ -657,15 +669,24 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--input-shape", type=_shape, help="static input shape, NCHW, e.g. 1,3,224,224 "
                         "(needed when a non-batch dimension is dynamic)")
 
+    def memory_arg(sp):
+        sp.add_argument("--max-memory", metavar="SIZE", type=_size,
+                        help="memory the stages may use, e.g. 16G or 512M (default: params.yaml "
+                             "ingest.max_memory_bytes, else what the machine has available): a model whose estimated "
+                             "peak (from its size, pipeline/preflight.py) is above it is refused before it is read or "
+                             "converted")
+
     sp = sub.add_parser("compile", help="the whole model stage: ingest, analyze, int8, cut, compile, verify, and "
                         "the accuracy gate when a labelled evaluation set is configured")
     model_args(sp, True)
+    memory_arg(sp)
     sp.add_argument("--accuracy-dataset", metavar="DATASET",
                     help="labelled evaluation set for the accuracy gate: a .npz with x (NCHW float) and y (integer "
                          "labels), or zoo:NAME (default: params.yaml accuracy.dataset; none: no gate)")
     sp.set_defaults(func=cmd_compile)
     sp = sub.add_parser("ingest", help="write canonical model.onnx and model.json")
     model_args(sp, True)
+    memory_arg(sp)
     sp.set_defaults(func=cmd_ingest)
     sp = sub.add_parser("analyze", help="list the ONNX candidate partition points (single-tensor cuts)")
     model_args(sp, False)
@@ -677,6 +698,7 @@ def parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_analyze)
     sp = sub.add_parser("build", help="int8 conversion, matching, segments and Edge TPU compile of an ingested model")
     sp.add_argument("artifact_dir")
+    memory_arg(sp)
     sp.set_defaults(func=cmd_build)
     sp = sub.add_parser("verify", help="check every point of ARTIFACT_DIR; writes verify.json; exit 1 on failure")
     sp.add_argument("artifact_dir")
@@ -825,6 +847,8 @@ def main(argv: list[str] | None = None) -> int:
         from edgeplan.pipeline import params as params_mod
 
         params = params_mod.load(args.params)
+        if getattr(args, "max_memory", None) is not None:
+            params["ingest"]["max_memory_bytes"] = args.max_memory
         return args.func(args, params)
     except EdgeplanError as e:
         err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)

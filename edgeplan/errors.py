@@ -29,6 +29,10 @@ class ModelTooLargeError(EdgeplanError):
     """The model file (or SavedModel directory) is over params.yaml ``ingest.max_model_bytes``."""
 
 
+class InsufficientMemoryError(EdgeplanError):
+    """A stage of the compile is estimated to need more memory than is available (or than --max-memory allows)."""
+
+
 class ModelVersionConflictError(EdgeplanError):
     """A model name and version that already hold another model."""
 

@@ -36,8 +36,9 @@ def ingest(source: str, name: str, version: str, root: str, input_shape=None, pa
     """model.onnx + model.json (a different model under an existing name and version is refused)."""
     from edgeplan.pipeline import stages
 
-    return str(stages.ingest(source, name, version, Path(root), input_shape,
-                             (params or {}).get("ingest", {}).get("max_model_bytes")))
+    ip = (params or {}).get("ingest", {})
+    return str(stages.ingest(source, name, version, Path(root), input_shape, ip.get("max_model_bytes"),
+                             ip.get("max_memory_bytes")))
 
 
 @task(name="build", cache_key_fn=content_key(lambda p: [Path(p["model_dir"]) / "model.onnx"],

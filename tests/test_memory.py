@@ -22,4 +22,7 @@ def test_a_stage_peak_counts_its_own_allocation_and_its_children():
     assert rec["own"]["peak_over_baseline_bytes"] >= 190e6
     assert rec["child"]["peak_over_baseline_bytes"] >= 290e6  # the child's RSS is in the tree's
     assert rec["outer"]["peak_over_baseline_bytes"] >= rec["child"]["peak_over_baseline_bytes"]  # nested: not reset
+    # the split: the 200 MB were this process's, the 300 MB the child's
+    assert rec["own"]["peak_self_rss_bytes"] - rec["own"]["baseline_rss_bytes"] >= 190e6
+    assert rec["child"]["peak_children_rss_bytes"] >= 290e6 and rec["own"]["peak_children_rss_bytes"] < 50e6
     assert tree_rss() > 0

@@ -8,7 +8,6 @@ from functools import cached_property
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from edgeplan.artifacts import ModelInfo, TensorSpec
 from edgeplan.errors import CutError
@@ -115,7 +114,10 @@ class GraphView:
         return anc
 
     def info(self, name: str, version: str, source: str, sha256: str) -> ModelInfo:
-        params = [numpy_helper.to_array(t) for t in self.graph.initializer]
+        # sizes from dims and types: no copy of the weights (numpy_helper.to_array of VGG16's: +553 MB)
+        counts = [math.prod(t.dims) for t in self.graph.initializer]
+        sizes = [n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+                 for n, t in zip(counts, self.graph.initializer)]
         return ModelInfo(
             name=name,
             version=version,
@@ -124,12 +126,18 @@ class GraphView:
             opset=next((o.version for o in self.model.opset_import if o.domain in ("", "ai.onnx")), 0),
             inputs=tuple(TensorSpec(v.name, _dims(v.type), _dtype(v.type)) for v in self.graph.input),
             outputs=tuple(TensorSpec(v.name, _dims(v.type), _dtype(v.type)) for v in self.graph.output),
-            parameter_bytes=int(sum(p.nbytes for p in params)),
-            parameter_count=int(sum(p.size for p in params)),
+            parameter_bytes=int(sum(sizes)),
+            parameter_count=int(sum(counts)),
             macs=int(sum(self.node_macs)),
             node_count=len(self.graph.node),
         )
 
 
 def fingerprint(model: onnx.ModelProto) -> str:
-    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+    """sha256 of ``model.SerializeToString(deterministic=True)``, hashed as it is made (``graph/wire``)."""
+    from edgeplan.graph.wire import chunks
+
+    h = hashlib.sha256()
+    for c in chunks(model):
+        h.update(c)
+    return h.hexdigest()

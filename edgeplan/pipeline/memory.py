@@ -4,7 +4,9 @@ baseline at entry and its time. Linux only (/proc); elsewhere the record says th
 
 The figures are measurements, never the planner's arithmetic: ``peak_rss_bytes`` is the largest sum of
 RSS over the process tree seen during the stage (sampled every ``interval_s``; a spike shorter than that can
-be missed), ``peak_over_baseline_bytes`` subtracts what the tree held when the stage began."""
+be missed), ``peak_over_baseline_bytes`` subtracts what the tree held when the stage began; ``peak_self_rss_bytes``
+and ``peak_children_rss_bytes`` split it into this process and the processes it started (the children's sum), so
+that each process's peak can be set against its own baseline (``bench/compile_memory.py``)."""
 from __future__ import annotations
 
 import os
@@ -40,23 +42,31 @@ def _children(pid: int) -> list[int]:
 
 def tree_rss(pid: int | None = None) -> int:
     """RSS of ``pid`` (default: this process) and all its descendants, bytes."""
-    todo, total, seen = [pid or os.getpid()], 0, set()
+    return sum(split_rss(pid))
+
+
+def split_rss(pid: int | None = None) -> tuple[int, int]:
+    """(RSS of ``pid`` (default: this process), RSS of all its descendants), bytes."""
+    root = pid or os.getpid()
+    todo, kids, seen = _children(root), 0, {root}
     while todo:
         p = todo.pop()
         if p in seen:
             continue
         seen.add(p)
-        total += rss(p)
+        kids += rss(p)
         todo += _children(p)
-    return total
+    return rss(root), kids
 
 
 @dataclass(frozen=True)
 class StageMemory:
     stage: str
-    peak_rss_bytes: int
-    baseline_rss_bytes: int
+    peak_rss_bytes: int  # of the process tree
+    baseline_rss_bytes: int  # of the process tree, when the stage began
     seconds: float
+    peak_self_rss_bytes: int = 0  # of this process alone
+    peak_children_rss_bytes: int = 0  # of the processes it started (their sum, at one sample)
 
     @property
     def peak_over_baseline_bytes(self) -> int:
@@ -64,7 +74,9 @@ class StageMemory:
 
     def to_json(self) -> dict:
         return {"peak_rss_bytes": self.peak_rss_bytes, "baseline_rss_bytes": self.baseline_rss_bytes,
-                "peak_over_baseline_bytes": self.peak_over_baseline_bytes, "seconds": round(self.seconds, 3)}
+                "peak_over_baseline_bytes": self.peak_over_baseline_bytes, "seconds": round(self.seconds, 3),
+                "peak_self_rss_bytes": self.peak_self_rss_bytes,
+                "peak_children_rss_bytes": self.peak_children_rss_bytes}
 
 
 _CURRENT: list = []  # the active sampler (the innermost ``with Sampler()``), for ``stage``
@@ -105,40 +117,48 @@ class Sampler:
         if self._thread is not None:
             self._thread.join()
 
+    def _sample(self, peaks: list[list[int]]) -> None:
+        own, kids = split_rss()
+        with self._lock:
+            for peak in peaks:
+                peak[0] = max(peak[0], own + kids)
+                peak[1] = max(peak[1], own)
+                peak[2] = max(peak[2], kids)
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            v = tree_rss()
-            with self._lock:
-                for peak in self._active:
-                    peak[0] = max(peak[0], v)
+            self._sample(self._active)
 
     @contextmanager
     def stage(self, name: str):
-        base = tree_rss() if self.available else 0
-        mine = [base]
+        own, kids = split_rss() if self.available else (0, 0)
+        mine = [own + kids, own, kids]  # peaks: the tree, this process, its children
         with self._lock:
             self._active.append(mine)
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            end = tree_rss() if self.available else 0
+            if self.available:
+                self._sample([mine])
             with self._lock:
                 self._active = [p for p in self._active if p is not mine]  # by identity: equal peaks differ
-                peak = max(mine[0], end)
-            self.stages.append(StageMemory(name, peak, base, time.perf_counter() - t0))
+            self.stages.append(StageMemory(name, mine[0], own + kids, time.perf_counter() - t0, mine[1], mine[2]))
 
     def record(self) -> dict:
         """Per stage name (a stage run several times, e.g. compile once per point, is merged: the largest peak
         over its baseline, the total time), in the order stages first started."""
         out: dict[str, dict] = {}
+        mine = ("peak_self_rss_bytes", "peak_children_rss_bytes")
         for s in self.stages:
             rec = s.to_json()
             held = out.get(s.stage)
             if held is None or rec["peak_over_baseline_bytes"] > held["peak_over_baseline_bytes"]:
                 out[s.stage] = {**rec, "seconds": round(rec["seconds"] + (held["seconds"] if held else 0.0), 3),
-                                "runs": (held["runs"] if held else 0) + 1}
+                                "runs": (held["runs"] if held else 0) + 1,
+                                **{k: max(rec[k], held[k] if held else 0) for k in mine}}
             else:
                 held["seconds"] = round(held["seconds"] + rec["seconds"], 3)
                 held["runs"] += 1
+                held.update({k: max(rec[k], held[k]) for k in mine})
         return out

@@ -5,6 +5,7 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 import shutil
 import tempfile
 import traceback
@@ -26,11 +27,17 @@ from edgeplan.artifacts import (
     VerifyReport,
     code_digest,
     write_bytes_atomic,
+    write_chunks_atomic,
     write_json_atomic,
 )
-from edgeplan.errors import ArtifactError, EdgeplanError, ModelTooLargeError, ModelVersionConflictError
+from edgeplan.errors import (
+    ArtifactError,
+    EdgeplanError,
+    ModelTooLargeError,
+    ModelVersionConflictError,
+    UnsupportedModelError,
+)
 from edgeplan.graph.cuts import Candidate, choose_evenly, endpoints, single_tensor_cuts
-from edgeplan.graph.ingest import load_any
 from edgeplan.graph.model import GraphView, fingerprint
 from edgeplan.pipeline import memory
 
@@ -48,43 +55,78 @@ def artifact_dir(root: Path, name: str, version: str) -> Path:
 
 # ---------------------------------------------------------------------------------------------- ingest
 def ingest(source: str | Path, name: str, version: str, out_root: Path,
-           input_shape: Sequence[int] | None = None, max_bytes: int | None = None) -> Path:
+           input_shape: Sequence[int] | None = None, max_bytes: int | None = None,
+           max_memory: int | None = None) -> Path:
     """``model.onnx`` + ``model.json`` under ``out_root/name/version`` from any supported model file (refused
-    unread when larger than ``max_bytes``)."""
-    from edgeplan.zoo import resolve
+    unread when larger than ``max_bytes``, or when converting it is estimated to need more memory than
+    ``max_memory``, default what is available: ``pipeline/preflight``); the conversion runs in a child process
+    (``pipeline/ingest_child``)."""
+    from edgeplan.pipeline import preflight
 
     out = artifact_dir(out_root, name, version)
     src = str(source)
-    path = resolve(src, Path(out_root) / ".zoo")
-    if max_bytes is not None:
-        _check_size(Path(path), max_bytes)
-    with memory.stage("ingest"):
-        model = load_any(path, input_shape=input_shape)
-    data = model.SerializeToString(deterministic=True)
-    sha = fingerprint(model)
-    if (out / "model.json").is_file():  # a version names one model: the same again is a no-op, another is refused
-        held = ModelInfo.load(out / "model.json")
-        if held.sha256 != sha:
-            raise ModelVersionConflictError(
-                f"{name} version {version} already exists in {out} as another model (sha256 {held.sha256[:12]}..., "
-                f"from {held.source}); the one submitted ({src}) is {sha[:12]}.... Submit it as a new version.")
-        if (out / "model.onnx").is_file():
-            return out
-    out.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(out / "model.onnx", data)
-    GraphView(model).info(name, str(version), src, sha).save(out / "model.json")
+    if not src.startswith("zoo:"):
+        size = _size(Path(src))
+        if size is not None:
+            if max_bytes is not None and size > max_bytes:
+                raise ModelTooLargeError(f"{src}: {size:,} bytes, over the limit of {max_bytes:,} (params.yaml "
+                                         "ingest.max_model_bytes); nothing was read. Raise the limit if this machine "
+                                         "has the memory to convert it.")
+            preflight.check(size, src, max_memory, stages=("ingest",))
+    with tempfile.TemporaryDirectory(prefix="edgeplan-ingest-") as tmp, memory.stage("ingest"):
+        _ingest_child(src, Path(out_root) / ".zoo", Path(tmp), name, str(version), input_shape)
+        made = ModelInfo.load(Path(tmp) / "model.json")
+        if (out / "model.json").is_file():  # a version names one model: the same again is a no-op, another is refused
+            held = ModelInfo.load(out / "model.json")
+            if held.sha256 != made.sha256:
+                raise ModelVersionConflictError(
+                    f"{name} version {version} already exists in {out} as another model (sha256 {held.sha256[:12]}..., "
+                    f"from {held.source}); the one submitted ({src}) is {made.sha256[:12]}.... Submit it as a new "
+                    "version.")
+            if (out / "model.onnx").is_file():
+                return out
+        out.mkdir(parents=True, exist_ok=True)
+        _copy_atomic(Path(tmp) / "model.onnx", out / "model.onnx")
+        made.save(out / "model.json")
     return out
 
 
-def _check_size(path: Path, max_bytes: int) -> None:
+def _ingest_child(src: str, zoo_dir: Path, tmp: Path, name: str, version: str,
+                  input_shape: Sequence[int] | None) -> None:
+    """Run ``pipeline/ingest_child``; its EdgeplanError is raised here as the same class, anything else that ends it
+    as one UnsupportedModelError."""
+    import subprocess
+    import sys
+
+    from edgeplan import errors
+    from edgeplan.pipeline.ingest_child import ERROR_MARK
+
+    shape = ",".join(str(int(d)) for d in input_shape) if input_shape else ""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="-1", TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"))
+    proc = subprocess.run([sys.executable, "-m", "edgeplan.pipeline.ingest_child", src, str(zoo_dir), str(tmp), name,
+                           version, shape], capture_output=True, text=True, env=env, check=False)
+    if proc.returncode == 0:
+        return
+    said = next((ln[len(ERROR_MARK):] for ln in reversed(proc.stderr.splitlines()) if ln.startswith(ERROR_MARK)), None)
+    if said is not None:
+        err = json.loads(said)
+        cls = getattr(errors, err["type"], None)
+        if not (isinstance(cls, type) and issubclass(cls, EdgeplanError)):
+            cls = EdgeplanError
+        raise cls(err["message"])
+    if proc.returncode < 0:
+        raise UnsupportedModelError(f"{src}: the conversion to ONNX crashed (signal {-proc.returncode}).")
+    lines = [ln.strip() for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    last = next((ln for ln in reversed(lines) if "Error" in ln), lines[-1] if lines else "no message")
+    raise UnsupportedModelError(f"{src}: the conversion to ONNX failed ({last[:300]}).")
+
+
+def _size(path: Path) -> int | None:
+    """Bytes of a model file or SavedModel directory (None when it is not there: ingest says so)."""
     try:
-        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
     except OSError:
-        return  # not there: load_any says so
-    if size > max_bytes:
-        raise ModelTooLargeError(f"{path}: {size:,} bytes, over the limit of {max_bytes:,} (params.yaml "
-                                 "ingest.max_model_bytes); nothing was read. Raise the limit if this machine has the "
-                                 "memory to convert it.")
+        return None
 
 
 # --------------------------------------------------------------------------------------------- analyze
@@ -129,6 +171,8 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     from edgeplan.quantize import convert
     from edgeplan.quantize.calibration import CalibrationSpec, calibration_data, sample_inputs
     from edgeplan.quantize.match import match_candidates
+    from edgeplan.pipeline import preflight
+    from edgeplan.quantize.pieces import node_float_bytes
     from edgeplan.quantize.pieces import plan as plan_pieces
     from edgeplan.quantize.tflite_graph import TfliteGraph
 
@@ -148,6 +192,10 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     calibration = calibration_data(spec, in_shape)
     model_sha = fingerprint(model)
     pieces = plan_pieces(view, int(qp["piece_bytes"])) if qp.get("piece_bytes") else None
+    preflight.check(sum(node_float_bytes(view)), str(model_path),
+                    params["ingest"].get("max_memory_bytes"),
+                    max((p.float_bytes // p.parts for p in pieces), default=None) if pieces else None,
+                    stages=("int8 conversion", "matching", "cutting", "verify"), step="no stage after ingest")
     made_from = _conversion_inputs(model_sha, calibration, pieces)
     data = _converted(int8_path, made_from)
     if data is None:
@@ -223,14 +271,13 @@ def _segments(root, model, tfl, analysis: Analysis, params: dict, progress: Prog
     errors: dict[int, str] = {}
     reports: dict[int, CompileReport] = {}
     last = analysis.last
-    model_bytes = (root / "model.onnx").read_bytes()
     int8_bytes = (root / "model_int8.tflite").read_bytes()
     for p in analysis.points:
         d = seg_root / f"p{p.index}"
         d.mkdir(parents=True, exist_ok=True)
         try:
             with memory.stage("cutting"):
-                _cut_point(d, p, last, model, tfl, model_bytes, int8_bytes)
+                _cut_point(d, p, last, model, tfl, root / "model.onnx", int8_bytes)
             if p.index > 0:
                 with memory.stage("compile"):
                     reports[p.index] = compile_prefix(d, params["compile"])
@@ -245,23 +292,31 @@ def _segments(root, model, tfl, analysis: Analysis, params: dict, progress: Prog
     return BuildResult(analysis, reports, errors)
 
 
-def _cut_point(d: Path, p, last: int, model, tfl, model_bytes: bytes, int8_bytes: bytes) -> None:
+def _cut_point(d: Path, p, last: int, model, tfl, model_path: Path, int8_bytes: bytes) -> None:
     """prefix/suffix ONNX (onnx-graphsurgeon) and int8 (cut from the one int8 model) of point ``p`` in ``d``."""
+    from edgeplan.graph import wire
     from edgeplan.quantize.cut import cut
     from edgeplan.surgery import split
 
     if p.index == 0:
-        write_bytes_atomic(d / "suffix.onnx", model_bytes)
+        _copy_atomic(model_path, d / "suffix.onnx")
         write_bytes_atomic(d / "suffix_int8.tflite", int8_bytes)
     elif p.index == last:
-        write_bytes_atomic(d / "prefix.onnx", model_bytes)
+        _copy_atomic(model_path, d / "prefix.onnx")
         write_bytes_atomic(d / "prefix_int8.tflite", int8_bytes)
-    else:
-        write_bytes_atomic(d / "prefix.onnx", split.prefix(model, p.tensor).SerializeToString())
-        write_bytes_atomic(d / "suffix.onnx", split.suffix(model, p.tensor).SerializeToString())
+    else:  # written as they are serialized: a VGG prefix's bytes held whole cost 2-4 times its size
+        write_chunks_atomic(d / "prefix.onnx", wire.chunks(split.prefix(model, p.tensor)))
+        write_chunks_atomic(d / "suffix.onnx", wire.chunks(split.suffix(model, p.tensor)))
         pre, suf = cut(tfl, tfl.by_name(p.tflite_tensor).index)
         write_bytes_atomic(d / "prefix_int8.tflite", pre)
         write_bytes_atomic(d / "suffix_int8.tflite", suf)
+
+
+def _copy_atomic(src: Path, dst: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
+    os.close(fd)
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
 
 
 def compile_prefix(d: Path, settings: dict) -> CompileReport:

@@ -1,0 +1,130 @@
+"""A model's protobuf bytes as a stream of chunks: exactly ``model.SerializeToString(deterministic=True)``, without
+ever holding them whole.
+
+Serializing a model makes the protobuf runtime build the whole encoding and Python copy it into one ``bytes``:
+measured on VGG16 (553 MB), +2.2 GB for a moment, the peak of its ingest; and ``fingerprint`` did the same to hash
+it. Here every message but the large tensors' ``raw_data`` is serialized as usual, and the raw bytes are spliced
+in where the encoder would put them: protobuf's deterministic encoding writes the fields of a message in
+field-number order, each length-delimited field as tag, length, payload. So the largest transient is one tensor's
+raw data (``tests/graph/test_wire.py`` checks the bytes against ``SerializeToString`` on real models).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import onnx
+
+LARGE = 1 << 20  # tensors with more raw bytes than this are spliced, smaller ones serialized whole
+_LEN = 2  # wire type: length-delimited
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW = 7, 5, 9
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    shift = value = 0
+    while True:
+        b = data[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, i
+        shift += 7
+
+
+def _split(data: bytes, field: int) -> tuple[bytes, bytes]:
+    """``data`` (a serialized message) cut before its first field numbered above ``field``."""
+    i = 0
+    while i < len(data):
+        start = i
+        tag, i = _read_varint(data, i)
+        if tag >> 3 > field:
+            return data[:start], data[start:]
+        kind = tag & 7
+        if kind == 0:
+            _, i = _read_varint(data, i)
+        elif kind == 1:
+            i += 8
+        elif kind == 2:
+            n, i = _read_varint(data, i)
+            i += n
+        elif kind == 5:
+            i += 4
+        else:
+            raise ValueError(f"wire type {kind} in a serialized ONNX message")
+    return data, b""
+
+
+def _without(message, field_name: str):
+    """A new message of the same type with every set field of ``message`` but ``field_name`` (no deep copy of it)."""
+    out = type(message)()
+    for desc, value in message.ListFields():
+        if desc.name == field_name:
+            continue
+        if desc.is_repeated if hasattr(desc, "is_repeated") else desc.label == desc.LABEL_REPEATED:
+            getattr(out, desc.name).extend(value)
+        elif desc.type == desc.TYPE_MESSAGE:
+            getattr(out, desc.name).CopyFrom(value)
+        else:
+            setattr(out, desc.name, value)
+    return out
+
+
+def _tensor(t: onnx.TensorProto) -> tuple[int, Iterator[bytes]]:
+    """(length, chunks) of one serialized TensorProto."""
+    size = t.ByteSize()
+    if size <= LARGE or not t.HasField("raw_data"):
+        data = t.SerializeToString(deterministic=True)
+        return len(data), iter((data,))
+    before, after = _split(_without(t, "raw_data").SerializeToString(deterministic=True), _TENSOR_RAW)
+    rest = size - len(before) - len(after)  # tag + length + raw bytes
+    tag = _varint(_TENSOR_RAW << 3 | _LEN)
+    for k in range(1, 11):  # the raw data's length, from the sizes alone (reading it would copy it)
+        raw = rest - len(tag) - k
+        if raw >= 0 and len(_varint(raw)) == k:
+            break
+
+    def chunks() -> Iterator[bytes]:
+        yield before
+        yield tag + _varint(raw)
+        yield t.raw_data
+        yield after
+
+    return size, chunks()
+
+
+def _graph(g: onnx.GraphProto) -> tuple[int, Iterator[bytes]]:
+    before, after = _split(_without(g, "initializer").SerializeToString(deterministic=True), _GRAPH_INITIALIZER)
+    tensors = [_tensor(t) for t in g.initializer]
+    tag = _varint(_GRAPH_INITIALIZER << 3 | _LEN)
+    size = len(before) + len(after) + sum(len(tag) + len(_varint(n)) + n for n, _ in tensors)
+
+    def chunks() -> Iterator[bytes]:
+        yield before
+        for n, parts in tensors:
+            yield tag + _varint(n)
+            yield from parts
+        yield after
+
+    return size, chunks()
+
+
+def chunks(model: onnx.ModelProto) -> Iterator[bytes]:
+    """The bytes of ``model.SerializeToString(deterministic=True)``, in pieces."""
+    before, after = _split(_without(model, "graph").SerializeToString(deterministic=True), _MODEL_GRAPH)
+    yield before
+    if model.HasField("graph"):
+        size, parts = _graph(model.graph)
+        yield _varint(_MODEL_GRAPH << 3 | _LEN) + _varint(size)
+        yield from parts
+    yield after
