@@ -101,6 +101,66 @@ def write_chunks_atomic(path: str | os.PathLike, chunks: Iterable[bytes]) -> str
     return h.hexdigest()
 
 
+EXTERNAL_DATA_BYTES = 1 << 30  # a model with more weight bytes than this is written with its weights beside it
+PROTOBUF_LIMIT = (1 << 31) - 1  # no .onnx file of more bytes can be read back
+
+
+def write_onnx(path: str | os.PathLike, model, external: bool | None = None) -> str:
+    """Write an ONNX model and return the sha256 of ``model.SerializeToString(deterministic=True)`` (its
+    fingerprint, ``graph.model.fingerprint``), hashed in pieces (``graph/wire``). A model with more than
+    ``EXTERNAL_DATA_BYTES`` of weights (or ``external``) is written as ONNX external data: the weights in
+    ``<name>.data`` beside it, one after another, the model pointing at them (what ``onnx.load`` reads back); every
+    other model as one file. Both files through temporary files; the model's last."""
+    import onnx
+
+    from edgeplan.graph import wire
+
+    path = Path(path)
+    big = [t for t in model.graph.initializer if t.HasField("raw_data") and t.ByteSize() > 1024]
+    if external is None:
+        external = sum(t.ByteSize() for t in big) > EXTERNAL_DATA_BYTES
+    if not external:
+        return write_chunks_atomic(path, wire.chunks(model))
+    h = hashlib.sha256()
+    for c in wire.chunks(model):
+        h.update(c)
+    location = f"{path.name}.data"
+    offsets = []
+    write_chunks_atomic(path.with_name(location), _raw(big, offsets))
+    light = wire.without(model, "graph")
+    light.graph.CopyFrom(wire.without(model.graph, "initializer"))
+    g = light.graph
+    refs = {id(t): off for t, off in zip(big, offsets)}
+    for t in model.graph.initializer:
+        if id(t) not in refs:
+            g.initializer.append(t)
+            continue
+        stub = g.initializer.add()
+        stub.name, stub.data_type = t.name, t.data_type
+        stub.dims.extend(t.dims)
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (("location", location), ("offset", str(refs[id(t)][0])), ("length", str(refs[id(t)][1]))):
+            e = stub.external_data.add()
+            e.key, e.value = k, v
+    write_bytes_atomic(path, light.SerializeToString())
+    return h.hexdigest()
+
+
+def _raw(tensors, offsets: list) -> Iterable[bytes]:
+    """The raw data of ``tensors`` one after another, each at an offset aligned to 4 KiB; ``offsets`` gets
+    (offset, length) per tensor."""
+    at = 0
+    for t in tensors:
+        pad = -at % 4096
+        if pad:
+            yield bytes(pad)
+            at += pad
+        data = t.raw_data
+        offsets.append((at, len(data)))
+        yield data
+        at += len(data)
+
+
 class _Record:
     """Mixin: ``to_json``/``from_json``/``save``/``load`` for a frozen dataclass with ``SCHEMA_VERSION``."""
 
@@ -385,4 +445,5 @@ __all__ = [
     "write_bytes_atomic",
     "write_chunks_atomic",
     "write_json_atomic",
+    "write_onnx",
 ]

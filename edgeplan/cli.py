@@ -32,6 +32,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
 
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -851,7 +852,8 @@ def main(argv: list[str] | None = None) -> int:
             params["ingest"]["max_memory_bytes"] = args.max_memory
         return args.func(args, params)
     except EdgeplanError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        # escaped: a message quoting a shape ("[1, 17, 17, 1088]") is not rich markup
+        err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2
 
 

@@ -8,44 +8,55 @@ import onnxruntime as ort
 
 def tensor_values(model: onnx.ModelProto, tensors: list[str], xs: np.ndarray) -> dict[str, np.ndarray]:
     """Values of ``tensors`` for every sample of ``xs`` (one sample per row; stacked on axis 0)."""
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    have = {o.name for o in m.graph.output}
-    vis = {v.name: v for v in m.graph.value_info}
-    for t in tensors:
-        if t not in have:
-            m.graph.output.append(vis[t])
-    sess = session(m)
-    names = [o.name for o in sess.get_outputs()]
-    runs = [dict(zip(names, sess.run(None, {m.graph.input[0].name: x[None]}))) for x in xs]
+    runs = list(tensor_values_each(model, tensors, xs))
     return {t: np.concatenate([r[t] for r in runs]) for t in tensors}
 
 
-def session(model: onnx.ModelProto, min_bytes: int = 1024) -> ort.InferenceSession:
-    """An onnxruntime session of ``model`` (modified in place) whose weights of ``min_bytes`` or more go to
-    onnxruntime as arrays, not inside the serialized model: each such initializer is marked as external data and
-    replaced by its array before any graph optimization, so the session computes what the inline model would
-    (bit-identical on VGG-19). Serializing VGG-19's 548 MB of weights inline took 5.2 s and onnxruntime parsed them
-    again; 7.9 s to a session, 2.0 s this way."""
+def tensor_values_each(model: onnx.ModelProto, tensors: list[str], xs: np.ndarray):
+    """Per sample of ``xs``, the values of ``tensors`` (each with a batch axis of 1)."""
+    have = {o.name for o in model.graph.output}
+    vis = {v.name: v for v in model.graph.value_info}
+    sess = session(model, outputs=[vis[t] for t in tensors if t not in have])
+    names = [o.name for o in sess.get_outputs()]
+    wanted = set(tensors)
+    for x in xs:
+        yield {n: v for n, v in zip(names, sess.run(None, {model.graph.input[0].name: x[None]})) if n in wanted}
+
+
+def session(model: onnx.ModelProto, min_bytes: int = 1024, outputs=()) -> ort.InferenceSession:
+    """An onnxruntime session of ``model`` (left as it is), with ``outputs`` (value infos) added to its outputs,
+    whose weights of ``min_bytes`` or more go to onnxruntime as arrays, not inside the serialized model: the model
+    it is given holds them as external data, replaced by the arrays before any graph optimization, so the session
+    computes what the inline model would (bit-identical on VGG-19). Serializing VGG-19's 548 MB of weights inline
+    took 5.2 s and onnxruntime parsed them again: 7.9 s to a session, 2.0 s this way; and no copy of the model is
+    made (a model past protobuf's 2 GB could not be serialized at all)."""
     from onnx import numpy_helper
 
+    from edgeplan.graph.wire import without
+
+    light = without(model, "graph")
+    light.graph.CopyFrom(without(model.graph, "initializer"))
+    light.graph.output.extend(outputs)
     names, values = [], []
     for init in model.graph.initializer:
-        if init.data_location != onnx.TensorProto.EXTERNAL and init.HasField("raw_data") and \
-                len(init.raw_data) >= min_bytes:
-            a = numpy_helper.to_array(init)
-            names.append(init.name)
-            values.append(ort.OrtValue.ortvalue_from_numpy(a))
-            init.ClearField("raw_data")
-            init.data_location = onnx.TensorProto.EXTERNAL
-            del init.external_data[:]
-            for k, v in (("location", "in-memory"), ("offset", "0"), ("length", str(a.nbytes))):
-                e = init.external_data.add()
-                e.key, e.value = k, v
+        if init.data_location == onnx.TensorProto.EXTERNAL or not init.HasField("raw_data") or \
+                init.ByteSize() < min_bytes:
+            light.graph.initializer.append(init)
+            continue
+        a = numpy_helper.to_array(init)
+        names.append(init.name)
+        values.append(ort.OrtValue.ortvalue_from_numpy(a))
+        stub = light.graph.initializer.add()
+        stub.name, stub.data_type = init.name, init.data_type
+        stub.dims.extend(init.dims)
+        stub.data_location = onnx.TensorProto.EXTERNAL
+        for k, v in (("location", "in-memory"), ("offset", "0"), ("length", str(a.nbytes))):
+            e = stub.external_data.add()
+            e.key, e.value = k, v
     options = ort.SessionOptions()
     if names:
         options.add_external_initializers(names, values)
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(light.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

@@ -23,6 +23,7 @@ from edgeplan.errors import (
     ModelNotFoundError,
     UnsupportedModelError,
 )
+from edgeplan.graph.model import data_in_place
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,16 @@ def _read_onnx(path: Path) -> onnx.ModelProto:
         raise CorruptModelError(
             f"{path}: parsed as protobuf but holds no ONNX graph nodes; is it really an ONNX model?"
         )
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        # weights in files beside it (a model over protobuf's 2 GB): onnx refuses locations outside its directory
+        from onnx.external_data_helper import load_external_data_for_model
+
+        try:
+            load_external_data_for_model(model, str(path.parent))
+        except Exception as e:  # a missing or short file, or a location outside the directory
+            raise CorruptModelError(f"{path}: its external data could not be read ({type(e).__name__}: "
+                                    f"{str(e)[:200]}).") from e
+        data_in_place(model)
     return model
 
 

@@ -133,6 +133,22 @@ class GraphView:
         )
 
 
+def load(path) -> onnx.ModelProto:
+    """A canonical ``model.onnx`` with its external data, if any, read into it as written: onnx's loader marks each
+    tensor it filled ``data_location: DEFAULT`` explicitly, which the written model did not say (and which changes
+    its bytes, so its fingerprint)."""
+    return data_in_place(onnx.load(str(path)))
+
+
+def data_in_place(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with the explicit ``data_location: DEFAULT`` onnx's external-data loader leaves on each tensor it
+    filled cleared (the default, left unsaid, as in a model written whole)."""
+    for t in model.graph.initializer:
+        if t.HasField("data_location") and t.data_location == onnx.TensorProto.DEFAULT:
+            t.ClearField("data_location")
+    return model
+
+
 def fingerprint(model: onnx.ModelProto) -> str:
     """sha256 of ``model.SerializeToString(deterministic=True)``, hashed as it is made (``graph/wire``)."""
     from edgeplan.graph.wire import chunks

@@ -65,7 +65,7 @@ def _split(data: bytes, field: int) -> tuple[bytes, bytes]:
     return data, b""
 
 
-def _without(message, field_name: str):
+def without(message, field_name: str):
     """A new message of the same type with every set field of ``message`` but ``field_name`` (no deep copy of it)."""
     out = type(message)()
     for desc, value in message.ListFields():
@@ -86,7 +86,7 @@ def _tensor(t: onnx.TensorProto) -> tuple[int, Iterator[bytes]]:
     if size <= LARGE or not t.HasField("raw_data"):
         data = t.SerializeToString(deterministic=True)
         return len(data), iter((data,))
-    before, after = _split(_without(t, "raw_data").SerializeToString(deterministic=True), _TENSOR_RAW)
+    before, after = _split(without(t, "raw_data").SerializeToString(deterministic=True), _TENSOR_RAW)
     rest = size - len(before) - len(after)  # tag + length + raw bytes
     tag = _varint(_TENSOR_RAW << 3 | _LEN)
     for k in range(1, 11):  # the raw data's length, from the sizes alone (reading it would copy it)
@@ -104,7 +104,7 @@ def _tensor(t: onnx.TensorProto) -> tuple[int, Iterator[bytes]]:
 
 
 def _graph(g: onnx.GraphProto) -> tuple[int, Iterator[bytes]]:
-    before, after = _split(_without(g, "initializer").SerializeToString(deterministic=True), _GRAPH_INITIALIZER)
+    before, after = _split(without(g, "initializer").SerializeToString(deterministic=True), _GRAPH_INITIALIZER)
     tensors = [_tensor(t) for t in g.initializer]
     tag = _varint(_GRAPH_INITIALIZER << 3 | _LEN)
     size = len(before) + len(after) + sum(len(tag) + len(_varint(n)) + n for n, _ in tensors)
@@ -121,7 +121,7 @@ def _graph(g: onnx.GraphProto) -> tuple[int, Iterator[bytes]]:
 
 def chunks(model: onnx.ModelProto) -> Iterator[bytes]:
     """The bytes of ``model.SerializeToString(deterministic=True)``, in pieces."""
-    before, after = _split(_without(model, "graph").SerializeToString(deterministic=True), _MODEL_GRAPH)
+    before, after = _split(without(model, "graph").SerializeToString(deterministic=True), _MODEL_GRAPH)
     yield before
     if model.HasField("graph"):
         size, parts = _graph(model.graph)

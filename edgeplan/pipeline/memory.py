@@ -67,6 +67,8 @@ class StageMemory:
     seconds: float
     peak_self_rss_bytes: int = 0  # of this process alone
     peak_children_rss_bytes: int = 0  # of the processes it started (their sum, at one sample)
+    baseline_self_rss_bytes: int = 0  # of this process alone, when the stage began
+    baseline_children_rss_bytes: int = 0  # of the processes it had started, when the stage began
 
     @property
     def peak_over_baseline_bytes(self) -> int:
@@ -76,7 +78,9 @@ class StageMemory:
         return {"peak_rss_bytes": self.peak_rss_bytes, "baseline_rss_bytes": self.baseline_rss_bytes,
                 "peak_over_baseline_bytes": self.peak_over_baseline_bytes, "seconds": round(self.seconds, 3),
                 "peak_self_rss_bytes": self.peak_self_rss_bytes,
-                "peak_children_rss_bytes": self.peak_children_rss_bytes}
+                "peak_children_rss_bytes": self.peak_children_rss_bytes,
+                "baseline_self_rss_bytes": self.baseline_self_rss_bytes,
+                "baseline_children_rss_bytes": self.baseline_children_rss_bytes}
 
 
 _CURRENT: list = []  # the active sampler (the innermost ``with Sampler()``), for ``stage``
@@ -143,7 +147,8 @@ class Sampler:
                 self._sample([mine])
             with self._lock:
                 self._active = [p for p in self._active if p is not mine]  # by identity: equal peaks differ
-            self.stages.append(StageMemory(name, mine[0], own + kids, time.perf_counter() - t0, mine[1], mine[2]))
+            self.stages.append(StageMemory(name, mine[0], own + kids, time.perf_counter() - t0, mine[1], mine[2],
+                                           own, kids))
 
     def record(self) -> dict:
         """Per stage name (a stage run several times, e.g. compile once per point, is merged: the largest peak

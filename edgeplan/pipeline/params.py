@@ -12,7 +12,7 @@ DEFAULTS: dict = {
     "models": [
         {"name": "mobilenetv2", "version": "1", "source": "zoo:mobilenetv2_0.35_96"},
     ],
-    "ingest": {"max_model_bytes": 2 << 30, "max_memory_bytes": None},
+    "ingest": {"max_model_bytes": 16 << 30, "max_memory_bytes": None},
     "analysis": {"max_points": 8},
     "quantize": {
         "calibration": {"kind": "random", "low": -1.0, "high": 1.0, "samples": 64, "seed": 0},

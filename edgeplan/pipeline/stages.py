@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import onnx
 
 from edgeplan.artifacts import (
+    PROTOBUF_LIMIT,
     AccuracyReport,
     Analysis,
     CompileReport,
@@ -27,8 +28,8 @@ from edgeplan.artifacts import (
     VerifyReport,
     code_digest,
     write_bytes_atomic,
-    write_chunks_atomic,
     write_json_atomic,
+    write_onnx,
 )
 from edgeplan.errors import (
     ArtifactError,
@@ -39,6 +40,7 @@ from edgeplan.errors import (
 )
 from edgeplan.graph.cuts import Candidate, choose_evenly, endpoints, single_tensor_cuts
 from edgeplan.graph.model import GraphView, fingerprint
+from edgeplan.graph.model import load as load_model
 from edgeplan.pipeline import memory
 
 log = logging.getLogger(__name__)
@@ -86,7 +88,7 @@ def ingest(source: str | Path, name: str, version: str, out_root: Path,
             if (out / "model.onnx").is_file():
                 return out
         out.mkdir(parents=True, exist_ok=True)
-        _copy_atomic(Path(tmp) / "model.onnx", out / "model.onnx")
+        _copy_onnx(Path(tmp) / "model.onnx", out / "model.onnx")
         made.save(out / "model.json")
     return out
 
@@ -122,11 +124,28 @@ def _ingest_child(src: str, zoo_dir: Path, tmp: Path, name: str, version: str,
 
 
 def _size(path: Path) -> int | None:
-    """Bytes of a model file or SavedModel directory (None when it is not there: ingest says so)."""
+    """Bytes of a model file (with its external data files) or SavedModel directory (None when it is not there:
+    ingest says so)."""
     try:
-        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
+        if path.is_dir():
+            return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        return path.stat().st_size + sum(f.stat().st_size for f in _external_files(path))
     except OSError:
         return None
+
+
+def _external_files(path: Path) -> list[Path]:
+    """The external data files an .onnx model names (read without its data; names outside its directory, or that
+    do not parse, are left for ingest to refuse)."""
+    if path.suffix != ".onnx":
+        return []
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 (not a model: ingest says so)
+        return []
+    names = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+    files = [path.parent / n for n in sorted(names) if n and "/" not in n and "\\" not in n and n not in (".", "..")]
+    return [f for f in files if f.is_file()]
 
 
 # --------------------------------------------------------------------------------------------- analyze
@@ -168,10 +187,10 @@ class BuildResult:
 
 def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     """int8 conversion, matching, point choice, surgery, int8 cuts and Edge TPU compile at every point."""
+    from edgeplan.pipeline import preflight
     from edgeplan.quantize import convert
     from edgeplan.quantize.calibration import CalibrationSpec, calibration_data, sample_inputs
     from edgeplan.quantize.match import match_candidates
-    from edgeplan.pipeline import preflight
     from edgeplan.quantize.pieces import node_float_bytes
     from edgeplan.quantize.pieces import plan as plan_pieces
     from edgeplan.quantize.tflite_graph import TfliteGraph
@@ -180,7 +199,7 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     if not model_path.is_file():
         raise ArtifactError(f"{model_path}: missing; run `edgeplan ingest` (or `edgeplan compile`) first.")
     with memory.stage("analyze"):
-        model = onnx.load(str(model_path))
+        model = load_model(model_path)
         view, cands = candidates(model)
     convert.check_convertible(model, str(model_path))
     qp = params["quantize"]
@@ -191,7 +210,8 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     int8_path = root / "model_int8.tflite"
     calibration = calibration_data(spec, in_shape)
     model_sha = fingerprint(model)
-    pieces = plan_pieces(view, int(qp["piece_bytes"])) if qp.get("piece_bytes") else None
+    budget = qp.get("piece_bytes") or (PIECES_PAST_LIMIT if sum(node_float_bytes(view)) > PROTOBUF_LIMIT else None)
+    pieces = plan_pieces(view, int(budget)) if budget else None  # a model past 2 GB cannot go to onnx2tf whole
     preflight.check(sum(node_float_bytes(view)), str(model_path),
                     params["ingest"].get("max_memory_bytes"),
                     max((p.float_bytes // p.parts for p in pieces), default=None) if pieces else None,
@@ -237,6 +257,7 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     return _segments(root, model, tfl, analysis, params, progress)
 
 
+PIECES_PAST_LIMIT = 1 << 30  # the piece budget of a model past protobuf's limit when quantize.piece_bytes is null
 CONVERTED_FROM = "model_int8.json"  # what model_int8.tflite was converted from: the checkpoint inside build
 
 
@@ -294,19 +315,19 @@ def _segments(root, model, tfl, analysis: Analysis, params: dict, progress: Prog
 
 def _cut_point(d: Path, p, last: int, model, tfl, model_path: Path, int8_bytes: bytes) -> None:
     """prefix/suffix ONNX (onnx-graphsurgeon) and int8 (cut from the one int8 model) of point ``p`` in ``d``."""
-    from edgeplan.graph import wire
     from edgeplan.quantize.cut import cut
     from edgeplan.surgery import split
 
     if p.index == 0:
-        _copy_atomic(model_path, d / "suffix.onnx")
+        _copy_onnx(model_path, d / "suffix.onnx")
         write_bytes_atomic(d / "suffix_int8.tflite", int8_bytes)
     elif p.index == last:
-        _copy_atomic(model_path, d / "prefix.onnx")
+        _copy_onnx(model_path, d / "prefix.onnx")
         write_bytes_atomic(d / "prefix_int8.tflite", int8_bytes)
-    else:  # written as they are serialized: a VGG prefix's bytes held whole cost 2-4 times its size
-        write_chunks_atomic(d / "prefix.onnx", wire.chunks(split.prefix(model, p.tensor)))
-        write_chunks_atomic(d / "suffix.onnx", wire.chunks(split.suffix(model, p.tensor)))
+    else:  # written as they are serialized (a VGG prefix's bytes held whole cost 2-4 times its size), past 1 GiB
+        # of weights with external data
+        write_onnx(d / "prefix.onnx", split.prefix(model, p.tensor))
+        write_onnx(d / "suffix.onnx", split.suffix(model, p.tensor))
         pre, suf = cut(tfl, tfl.by_name(p.tflite_tensor).index)
         write_bytes_atomic(d / "prefix_int8.tflite", pre)
         write_bytes_atomic(d / "suffix_int8.tflite", suf)
@@ -317,6 +338,19 @@ def _copy_atomic(src: Path, dst: Path) -> None:
     os.close(fd)
     shutil.copyfile(src, tmp)
     os.replace(tmp, dst)
+
+
+def _copy_onnx(src: Path, dst: Path) -> None:
+    """An .onnx file and the external data files it names (under their names, beside ``dst``: a hard link where
+    the file system allows), the model last."""
+    for f in _external_files(src):
+        to = dst.parent / f.name
+        to.unlink(missing_ok=True)
+        try:
+            os.link(f, to)
+        except OSError:
+            _copy_atomic(f, to)
+    _copy_atomic(src, dst)
 
 
 def compile_prefix(d: Path, settings: dict) -> CompileReport:

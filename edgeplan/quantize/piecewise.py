@@ -14,6 +14,7 @@ at such an op's output, where nothing runs in place, records the input's own, na
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sys
 from collections.abc import Callable
@@ -28,12 +29,14 @@ from edgeplan.quantize.piecewise_child import OUTPUTS, SampleWriter, read_sample
 from edgeplan.surgery.pieces import piece_model
 
 CHILD = [sys.executable, "-m", "edgeplan.quantize.piecewise_child"]
+log = logging.getLogger(__name__)
 
 
 def convert(view: GraphView, pieces: list[Piece], source: Path, calibration: np.ndarray, workdir: Path,
             timeout: float, progress: Callable[[int, int], None] | None = None) -> bytes:
     from edgeplan.quantize.convert import _onnx2tf, run_tf_child
 
+    workdir = Path(workdir).resolve()  # onnx2tf runs in each piece's directory
     tick = progress or (lambda done, total: None)
     total, done = sum(p.parts for p in pieces) + 1, 0
     inputs = workdir / "inputs_0.npy"
@@ -64,6 +67,10 @@ def convert(view: GraphView, pieces: list[Piece], source: Path, calibration: np.
     out = workdir / "model_int8.tflite"
     run_tf_child([*CHILD, "quantize", str(workdir / "pieces.json"), str(out)], source, "int8 quantization", timeout,
                  workdir)
+    requantized = json.loads((workdir / "stitch.json").read_text())["requantized"]
+    if requantized:
+        log.warning("%s: requantized between pieces at %s (the next piece quantized the tensor with another scale)",
+                    source, ", ".join(requantized))
     tick(total, total)
     return out.read_bytes()
 

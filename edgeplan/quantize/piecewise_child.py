@@ -4,7 +4,7 @@
 inputs (NHWC float samples), stopped before it quantizes: ``calibrated.tflite`` (the float piece with the range of
 every tensor) and ``quantize_args.json`` (the arguments the converter would quantize it with); with ``--outputs``,
 ``outputs.npy``: the piece's float outputs on the same samples, computed with the calibrator's kernels (no
-delegate), which are the next piece's inputs — so every piece sees the activations a calibration of the whole
+delegate) and thread count, which are the next piece's inputs — so every piece sees the activations a calibration of the whole
 model sees.
 
 ``quantize PLAN OUT``: each piece quantized with those arguments, its input's range set to the range of the previous
@@ -14,6 +14,7 @@ stitched (``quantize/stitch``); then loaded and run with both kernel sets, as a 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -100,7 +101,10 @@ def calibrate(saved_model: Path, inputs: Path, out: Path, outputs: bool) -> None
 def _run_float(model: bytes, inputs: Path, path: Path) -> None:
     import tensorflow as tf
 
-    it = tf.lite.Interpreter(model_content=model, experimental_op_resolver_type=(
+    # the calibrator's kernels and thread count: with one thread instead of two, a convolution's sums come out a
+    # float bit apart (InceptionResNetV2: a range's maximum 6.2382150 here, 6.2382159 in the calibrator), and the
+    # next piece's ranges with them
+    it = tf.lite.Interpreter(model_content=model, num_threads=os.cpu_count() or 1, experimental_op_resolver_type=(
         tf.lite.experimental.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES))
     it.allocate_tensors()
     (ind,), (outd,) = it.get_input_details(), it.get_output_details()
@@ -155,8 +159,10 @@ def quantize(plan_path: Path, out: Path) -> None:
         del models
         pieces.append(stitch.merge_parts(int8, f"piece {len(pieces)}") if len(int8) > 1 else int8[0])
         print(f"edgeplan: quantized piece {len(pieces)} of {len(plan['pieces'])}", file=sys.stderr, flush=True)
-    model = stitch.stitch(pieces, plan["boundaries"])
+    requantized: list[str] = []
+    model = stitch.stitch(pieces, plan["boundaries"], requantized)
     del pieces
+    (out.parent / "stitch.json").write_text(json.dumps({"requantized": requantized}))
     (out.parent / "unchecked.tflite").write_bytes(model)
     print(LOADING, file=sys.stderr, flush=True)
     from edgeplan.quantize.litert import interpreter, primed

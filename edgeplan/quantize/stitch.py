@@ -6,8 +6,9 @@ quantized with the whole layer's output range, and per-channel quantization make
 independent of the rest, so the merged op is the op a conversion of the whole layer makes.
 
 ``stitch``: the pieces' operators in chain order, each piece's input tensor replaced by the previous piece's
-output tensor — which must have its shape, type and quantization (the pieces were quantized with the same
-range at each boundary) — and named after the ONNX tensor of the cut.
+output tensor — which must have its shape and type, and has its quantization (the pieces were quantized with the
+same range at each boundary) unless an op of the next piece that keeps its input's scale took its own range for
+both: then a QUANTIZE op goes between — and named after the ONNX tensor of the cut.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from edgeplan.errors import ConversionError
 from edgeplan.quantize.cut import _prune_buffers
 
 _FC = schema.BuiltinOperator.FULLY_CONNECTED
+_QUANTIZE = schema.BuiltinOperator.QUANTIZE
 _RUNTIME_KEY = b"min_runtime_version"
 
 
@@ -84,8 +86,12 @@ def merge_parts(parts: list[bytes], where: str) -> bytes:
     return bytes(flatbuffer_utils.convert_object_to_bytearray(base))
 
 
-def stitch(pieces: list[bytes], boundaries: list[str]) -> bytes:
-    """One model from the int8 pieces in chain order; ``boundaries[k]`` names the tensor between pieces k and k+1."""
+def stitch(pieces: list[bytes], boundaries: list[str], requantized: list[str] | None = None) -> bytes:
+    """One model from the int8 pieces in chain order; ``boundaries[k]`` names the tensor between pieces k and k+1.
+    A boundary the next piece quantized with another scale (its input's range was given, but an op that keeps its
+    input's scale, a MAX_POOL_2D, took its own range for both) gets a QUANTIZE op from the one scale to the other;
+    its name is appended to ``requantized``."""
+    requantized = [] if requantized is None else requantized
     res = _load(pieces[0])
     rs = res.subgraphs[0]
     names = {bytes(t.name) for t in rs.tensors}
@@ -104,11 +110,15 @@ def stitch(pieces: list[bytes], boundaries: list[str]) -> bytes:
         src, qin = rs.outputs[0], qs.inputs[0]
         a, b = rs.tensors[src], qs.tensors[qin]
         where = f"the boundary {boundaries[k - 1]!r} between pieces {k - 1} and {k}"
-        if list(a.shape) != list(b.shape) or a.type != b.type or not _same_quant(a, b):
-            raise ConversionError(f"{where}: the pieces disagree on the tensor (shape {list(a.shape)} vs "
-                                  f"{list(b.shape)}, or its type or quantization)")
+        if list(a.shape) != list(b.shape) or a.type != b.type:
+            raise ConversionError(f"{where}: the pieces disagree on the tensor (shape {[int(d) for d in a.shape]} "
+                                  f"vs {[int(d) for d in b.shape]}, or its type)")
         a.name = boundaries[k - 1].encode()
         tmap = {qin: src}
+        if not _same_quant(a, b):  # the next piece took another scale for it: requantize, as the converter would
+            tmap[qin] = _requantize(res, src, b)
+            requantized.append(boundaries[k - 1])
+            names.add(bytes(rs.tensors[tmap[qin]].name))
         ops = list(qs.operators)
         bmap = {0: 0}
         for i, buf in enumerate(q.buffers[1:], 1):
@@ -140,6 +150,30 @@ def stitch(pieces: list[bytes], boundaries: list[str]) -> bytes:
     _set_runtime_version(res, max(runtime, key=lambda v: tuple(int(p) for p in v.split(".") if p.isdigit())))
     _prune_buffers(res)
     return bytes(flatbuffer_utils.convert_object_to_bytearray(res))
+
+
+def _requantize(res: schema.ModelT, src: int, like: schema.TensorT) -> int:
+    """A QUANTIZE op from tensor ``src`` to a new tensor quantized as ``like``; the new tensor's index."""
+    rs = res.subgraphs[0]
+    key = (_QUANTIZE, _QUANTIZE, None, 1)
+    codes = {_code_key(c): i for i, c in enumerate(res.operatorCodes)}
+    if key not in codes:
+        code = schema.OperatorCodeT()
+        code.builtinCode = code.deprecatedBuiltinCode = _QUANTIZE
+        code.version = 1
+        codes[key] = len(res.operatorCodes)
+        res.operatorCodes.append(code)
+    t = schema.TensorT()
+    t.shape, t.type, t.buffer = like.shape, like.type, 0
+    t.name = bytes(rs.tensors[src].name) + b";requantized"
+    t.quantization = like.quantization
+    rs.tensors.append(t)
+    op = schema.OperatorT()
+    op.opcodeIndex, op.inputs, op.outputs = codes[key], [src], [len(rs.tensors) - 1]
+    op.builtinOptionsType = schema.BuiltinOptions.QuantizeOptions
+    op.builtinOptions = schema.QuantizeOptionsT()
+    rs.operators.append(op)
+    return len(rs.tensors) - 1
 
 
 def _code_key(c: schema.OperatorCodeT) -> tuple:

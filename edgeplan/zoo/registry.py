@@ -33,6 +33,8 @@ _TABLE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "spatial_chain": (chain.build, "chain CNN, 3x45x45: stride-2 SAME and padded convs, dilation 2, max/avg pools"),
     "tiny_cnn": (partial(tiny.build, lrn=False), "8-layer residual CNN, 3x32x32, built node by node"),
     "wide_fc": (wide.build, "CNN with a VGG-like wide fully-connected head, 3x32x32, 1.3M parameters"),
+    "wide_fc_2g": (partial(wide.build, width=16384, depth=3),
+                   "wide_fc with three 16384-wide layers: 571M parameters, 2.28 GB (ONNX with external data)"),
     "tiny_cnn_lrn": (partial(tiny.build, lrn=True), "tiny_cnn with an LRN (no int8 kernel, no Edge TPU op)"),
     "digits_cnn": (digits.build, ("CNN trained here on scikit-learn's handwritten digits, 1x32x32; held-out "
                                   "quarter as its labelled evaluation set")),

@@ -63,12 +63,10 @@ def model(width: int = 512, depth: int = 2, seed: int = 0) -> onnx.ModelProto:
 
 def build(out: Path, width: int = 512, depth: int = 2) -> Path:
     """``out.onnx``; past protobuf's limit, its weights in ``out.onnx.data`` beside it (external data)."""
+    from edgeplan.artifacts import write_onnx
+
     path = out.with_suffix(".onnx")
     if not path.is_file():
         m = model(width, depth)
-        tmp = path.with_name(f".{path.name}.tmp")
-        big = m.ByteSize() > PROTOBUF_LIMIT
-        onnx.save_model(m, str(tmp), save_as_external_data=big, all_tensors_to_one_file=True,
-                        location=f"{path.name}.data" if big else None)
-        tmp.replace(path)
+        write_onnx(path, m, external=sum(len(t.raw_data) for t in m.graph.initializer) > PROTOBUF_LIMIT)
     return path

@@ -76,3 +76,34 @@ def test_a_boundary_the_pieces_disagree_on_is_refused(converted):
     assert TfliteGraph(parts).tensors[TfliteGraph(parts).outputs[0]].shape == (1, 10)
     with pytest.raises(ConversionError, match="the boundary 'b' between pieces 0 and 1"):
         stitch.stitch([parts, parts], ["b"])  # the model's 10 logits are not its 32x32x3 input
+
+
+@pytest.mark.slow
+def test_a_boundary_quantized_with_another_scale_is_requantized(converted):
+    """The next piece's input took another scale (a MAX_POOL_2D first in it keeps one scale for its input and output
+    and took its own range: InceptionResNetV2 with a thread count unlike the calibrator's): a QUANTIZE op goes
+    between, and the stitched model still runs and gives (nearly) the same outputs."""
+    from tensorflow.lite.tools import flatbuffer_utils
+
+    from edgeplan.quantize.cut import cut
+
+    parts = converted[2]
+    g = TfliteGraph(parts)
+    at = g.by_name(converted[0][0].end)  # the first boundary
+    prefix, suffix = cut(g, at.index)
+    m = flatbuffer_utils.convert_bytearray_to_object(bytearray(suffix))
+    q = m.subgraphs[0].tensors[m.subgraphs[0].inputs[0]].quantization
+    q.scale = np.array(q.scale) * (1 + 2e-7)  # a float bit or two away, as a piece's own range gave it
+    requantized = []
+    model = stitch.stitch([prefix, bytes(flatbuffer_utils.convert_object_to_bytearray(m))], ["b"], requantized)
+    assert requantized == ["b"]
+    ops = [op.name for op in TfliteGraph(model).ops]
+    assert ops.count("QUANTIZE") == [op.name for op in g.ops].count("QUANTIZE") + 1
+    ia, ib = litert.interpreter(parts), litert.interpreter(model)
+    x = np.random.default_rng(1).integers(-128, 128, (1, 32, 32, 3), dtype=np.int8)
+    outs = []
+    for it in (ia, ib):
+        it.set_tensor(it.get_input_details()[0]["index"], x)
+        it.invoke()
+        outs.append(it.get_tensor(it.get_output_details()[0]["index"]).astype(int))
+    assert np.abs(outs[0] - outs[1]).max() <= 2
