@@ -69,6 +69,8 @@ def prepare(work: Path, scratch: Path, env: dict) -> Path:
     p["fleet"]["device_classes"][CLASS] = {"cpu": "measured", "cores": 1, "ram_bytes": 2 << 30,
                                            "accelerator": {"kind": "none"}}  # no cpu_probe_ms: raw times
     p["fleet"]["devices"] = [{"id": DEVICE, "device_class": CLASS, "deployment": DEPLOYMENT, "work_pool": CLASS}]
+    p["deployments"] = [{"name": DEPLOYMENT, "device_class": CLASS,
+                         "models": [{"name": MODEL, "version": "1", "rate": 1.0}]}]  # its rate: once profiled
     params = work / "params_overload.yaml"
     params.write_text(yaml.safe_dump(p))
     d = arts / MODEL / "1"
@@ -77,8 +79,7 @@ def prepare(work: Path, scratch: Path, env: dict) -> Path:
     prof = d / "profiles" / f"{CLASS}.json"
     prof.unlink(missing_ok=True)  # measured anew: the machine's speed today is what the serve will show
     _run([*EDGEPLAN, "--params", str(params), "profile", "run", str(d), "--device-class", CLASS], env)
-    p["deployments"] = [{"name": DEPLOYMENT, "device_class": CLASS,
-                         "models": [{"name": MODEL, "version": "1", "rate": planned_rate(prof)}]}]
+    p["deployments"][0]["models"][0]["rate"] = planned_rate(prof)
     params.write_text(yaml.safe_dump(p))
     _run([*EDGEPLAN, "--params", str(params), "plan", "swapless", "--deployment", DEPLOYMENT, "--out", str(arts)], env)
     keys, store, dest = scratch / "overload-keys", scratch / "overload-store", scratch / "overload-device"

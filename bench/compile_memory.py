@@ -22,7 +22,8 @@ Keys:
   data), compiled the same way: its largest stage figure over its parameter bytes (target <= 3; verify passing).
 
 `--models a,b` runs a subset (zoo names; `wide_fc_2g` among them gives the external-data figure); the headline
-keys then cover those only. The full run is the six models, then wide_fc_2g.
+keys then cover those only (`--results NAME` writes them beside the full run's). The full run is the six models,
+then wide_fc_2g.
 """
 from __future__ import annotations
 
@@ -155,6 +156,8 @@ def main() -> int:
     ap.add_argument("--models", default=",".join((*MODELS, EXTERNAL)),
                     help="zoo names, comma-separated (default: the six, then wide_fc_2g)")
     ap.add_argument("--work", default=str(WORK), help="work directory (zoo models are built once here)")
+    ap.add_argument("--results", default="compile_memory", help="name of the results (bench/results/NAME.json and "
+                    ".png); a subset run beside a full one should take another name")
     args = ap.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -198,7 +201,7 @@ def main() -> int:
                                       "seconds": ext["seconds"]} if ext else None),
         "runs": runs_ext,
     }
-    publish("compile_memory", result, plot, ("completed", "peak_rss_over_model_bytes_max", "time_slope",
+    publish(args.results, result, plot, ("completed", "peak_rss_over_model_bytes_max", "time_slope",
                                              "memory_slope"))
     return 0 if len(done) == len(runs) and (ext is None or ext["exit"] == 0) else 1
 

@@ -27,6 +27,7 @@ from edgeplan.artifacts import (
     StreamLayer,
     VerifyReport,
     code_digest,
+    link_or_copy,
     write_bytes_atomic,
     write_json_atomic,
     write_onnx,
@@ -325,9 +326,9 @@ def _cut_point(d: Path, p, last: int, model, tfl, model_path: Path, int8_bytes: 
         _copy_onnx(model_path, d / "prefix.onnx")
         write_bytes_atomic(d / "prefix_int8.tflite", int8_bytes)
     else:  # written as they are serialized (a VGG prefix's bytes held whole cost 2-4 times its size), past 1 GiB
-        # of weights with external data
-        write_onnx(d / "prefix.onnx", split.prefix(model, p.tensor))
-        write_onnx(d / "suffix.onnx", split.suffix(model, p.tensor))
+        # of weights with external data: the model's own data file, linked, where it holds the weights
+        write_onnx(d / "prefix.onnx", split.prefix(model, p.tensor), data_from=model_path)
+        write_onnx(d / "suffix.onnx", split.suffix(model, p.tensor), data_from=model_path)
         pre, suf = cut(tfl, tfl.by_name(p.tflite_tensor).index)
         write_bytes_atomic(d / "prefix_int8.tflite", pre)
         write_bytes_atomic(d / "suffix_int8.tflite", suf)
@@ -344,12 +345,7 @@ def _copy_onnx(src: Path, dst: Path) -> None:
     """An .onnx file and the external data files it names (under their names, beside ``dst``: a hard link where
     the file system allows), the model last."""
     for f in _external_files(src):
-        to = dst.parent / f.name
-        to.unlink(missing_ok=True)
-        try:
-            os.link(f, to)
-        except OSError:
-            _copy_atomic(f, to)
+        link_or_copy(f, dst.parent / f.name)
     _copy_atomic(src, dst)
 
 

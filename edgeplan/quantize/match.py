@@ -49,6 +49,13 @@ def tflite_values(model: bytes, xs: np.ndarray, indices: list[int]) -> dict[int,
 
 def tflite_values_each(model: bytes, xs: np.ndarray, indices: list[int]):
     """Per sample (NCHW float inputs), the dequantized values of the int8 model's tensors ``indices`` it keeps."""
+    for kept in _int8_each(model, xs, indices):
+        yield dict(kept)
+
+
+def _int8_each(model: bytes, xs: np.ndarray, indices: list[int]):
+    """Per sample, an iterator of ``(index, dequantized values)`` over the tensors of ``indices`` LiteRT kept,
+    each dequantized only when the iterator reaches it (to be used up before the next sample)."""
     it = litert.interpreter(model, deterministic=True, keep_all=True)
     inp = it.get_input_details()[0]
     wanted = set(indices)
@@ -56,15 +63,17 @@ def tflite_values_each(model: bytes, xs: np.ndarray, indices: list[int]):
     for x in xs:
         it.set_tensor(inp["index"], litert.quantize(litert.nchw_to_nhwc(x[None]), inp))
         it.invoke()
-        out = {}
-        for ix, d in details.items():
-            try:
-                v = it.get_tensor(ix)
-            except ValueError:
-                continue
-            if v is not None and v.size:
-                out[ix] = litert.dequantize(v, d)
-        yield out
+        yield _kept(it, details)
+
+
+def _kept(it, details: dict[int, dict]):
+    for ix, d in details.items():
+        try:
+            v = it.get_tensor(ix)
+        except ValueError:
+            continue
+        if v is not None and v.size:
+            yield ix, litert.dequantize(v, d)
 
 
 def match_candidates(
@@ -109,8 +118,9 @@ def _best(onnx_model: onnx.ModelProto, wants: list[tuple[str, tuple[int, ...], i
     ``xs``), or None when no int8 tensor has that shape and MACs.
 
     One sample at a time: the cosines are accumulated (dot products and squared norms, float64) as the float model
-    and the int8 model run on each sample, and only the int8 tensors some candidate could be are read. Holding
-    every candidate's and every int8 tensor's values for all samples at once cost ResNet152V2 at 299 2 GB."""
+    and the int8 model run on each sample, and only the int8 tensors some candidate could be are read, one at a
+    time. Holding every candidate's and every int8 tensor's values for all samples at once cost ResNet152V2 at 299
+    2 GB; so did holding, for one sample, a float64 copy of every candidate and every int8 tensor dequantized."""
     produced = [t for t in tflite.tensors if t.index in tflite.producer and not t.constant]
     prefix_macs = {t.index: tflite.prefix_macs(t.index) for t in produced}
     pools = {tensor: [t.index for t in produced if t.shape == _nhwc(shape)
@@ -123,16 +133,14 @@ def _best(onnx_model: onnx.ModelProto, wants: list[tuple[str, tuple[int, ...], i
     sums = {(tensor, ix): np.zeros(3) for tensor, pool in pools.items() for ix in pool}  # a.b, a.a, b.b
     seen = dict.fromkeys(readers, 0)  # samples each int8 tensor had values in (LiteRT may not keep a tensor)
     for float_vals, int8_vals in zip(tensor_values_each(onnx_model, [t for t, p in pools.items() if p], xs),
-                                     tflite_values_each(tflite.data, xs, list(readers))):
-        flat: dict[str, np.ndarray] = {}
-        for ix, v in int8_vals.items():
+                                     _int8_each(tflite.data, xs, list(readers))):
+        for ix, v in int8_vals:  # one int8 tensor at a time, and one float copy of a candidate at a time
             seen[ix] += 1
             a = v.ravel().astype(np.float64)
             for tensor in readers[ix]:
-                if tensor not in flat:
-                    flat[tensor] = litert.nchw_to_nhwc(float_vals[tensor]).ravel().astype(np.float64)
-                b = flat[tensor]
+                b = litert.nchw_to_nhwc(float_vals[tensor]).ravel().astype(np.float64)
                 sums[tensor, ix] += (a @ b, a @ a, b @ b)
+        del float_vals  # before the next sample's run
     out: dict[str, tuple[float, int] | None] = {}
     for tensor, pool in pools.items():
         scored = [(_cosine(*sums[tensor, ix]), ix) for ix in pool if seen[ix] == len(xs)]

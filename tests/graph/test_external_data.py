@@ -36,6 +36,36 @@ def test_write_onnx_external_round_trip(tmp_path):
     np.testing.assert_array_equal(_run(tmp_path / "ext.onnx", x), _run(tmp_path / "inline.onnx", x))
 
 
+def test_a_segment_links_the_data_file_of_the_model_it_is_cut_from(tmp_path):
+    """Cut points of a model with external data point at the model's own data file (linked beside them), not at
+    copies of it; a weight whose bytes differ under the same name is written apart."""
+    m = onnx.shape_inference.infer_shapes(wide.model())
+    (tmp_path / "model").mkdir()
+    write_onnx(tmp_path / "model" / "m.onnx", m, external=True)
+    model = load_model(tmp_path / "model" / "m.onnx")
+    cut = "fc1.relu"
+    (tmp_path / "p").mkdir()
+    for part, sub in (("prefix", split.prefix(model, cut)), ("suffix", split.suffix(model, cut))):
+        assert write_onnx(tmp_path / "p" / f"{part}.onnx", sub, external=True,
+                          data_from=tmp_path / "model" / "m.onnx") == fingerprint(sub)
+        assert not (tmp_path / "p" / f"{part}.onnx.data").exists()
+    assert (tmp_path / "p" / "m.onnx.data").samefile(tmp_path / "model" / "m.onnx.data")
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 3, 32, 32)).astype(np.float32)
+    got = _run(tmp_path / "p" / "suffix.onnx", _run(tmp_path / "p" / "prefix.onnx", x))
+    np.testing.assert_array_equal(got, _run(tmp_path / "model" / "m.onnx", x))
+
+    sub = split.suffix(model, cut)
+    w = max(sub.graph.initializer, key=lambda t: len(t.raw_data))
+    w.raw_data = bytes(len(w.raw_data))  # the same name and size, other bytes
+    write_onnx(tmp_path / "p" / "changed.onnx", sub, external=True, data_from=tmp_path / "model" / "m.onnx")
+    write_onnx(tmp_path / "inline.onnx", sub)
+    assert (tmp_path / "p" / "changed.onnx.data").stat().st_size >= len(w.raw_data)
+    h = _run(tmp_path / "p" / "prefix.onnx", x)
+    np.testing.assert_array_equal(_run(tmp_path / "p" / "changed.onnx", h), _run(tmp_path / "inline.onnx", h))
+    # onnxruntime reads the linked file (it is what runs segments); onnx's own loader refuses any data file with
+    # several hard links (its "hardlink attack" check)
+
+
 def test_external_data_outside_the_models_directory_is_refused(tmp_path):
     from edgeplan.errors import CorruptModelError
     from edgeplan.graph.ingest import load_any
