@@ -117,8 +117,6 @@ def write_onnx(path: str | os.PathLike, model, external: bool | None = None,
     from). A weight it holds under the same name, with the same bytes (compared), is not written again: its data
     file is linked beside ``path`` (a hard link where the file system allows, else a copy) and the weight points at
     it. Ten cut points of a 2.3 GB model wrote 23 GB of copies of one file and filled the disk."""
-    import onnx
-
     from edgeplan.graph import wire
 
     path = Path(path)
@@ -143,14 +141,7 @@ def write_onnx(path: str | os.PathLike, model, external: bool | None = None,
         if id(t) not in refs:
             g.initializer.append(t)
             continue
-        where, offset, length = refs[id(t)]
-        stub = g.initializer.add()
-        stub.name, stub.data_type = t.name, t.data_type
-        stub.dims.extend(t.dims)
-        stub.data_location = onnx.TensorProto.EXTERNAL
-        for k, v in (("location", where), ("offset", str(offset)), ("length", str(length))):
-            e = stub.external_data.add()
-            e.key, e.value = k, v
+        g.initializer.append(wire.external_stub(t, *refs[id(t)]))
     write_bytes_atomic(path, light.SerializeToString())
     return h.hexdigest()
 
@@ -160,12 +151,7 @@ def _shared(tensors, source: Path, dest: Path) -> dict[int, tuple[str, int, int]
     the same name and bytes, that data file linked into ``dest`` (``write_onnx``'s ``data_from``)."""
     import onnx
 
-    table = {}
-    for t in onnx.load(str(source), load_external_data=False).graph.initializer:
-        ext = {e.key: e.value for e in t.external_data}
-        loc = ext.get("location", "")
-        if t.data_location == onnx.TensorProto.EXTERNAL and loc and Path(loc).name == loc and loc not in (".", ".."):
-            table[t.name] = (loc, int(ext.get("offset", 0)), int(ext.get("length", -1)))
+    table = external_data(onnx.load(str(source), load_external_data=False))
     out: dict[int, tuple[str, int, int]] = {}
     linked: set[str] = set()
     for t in tensors:
@@ -180,6 +166,42 @@ def _shared(tensors, source: Path, dest: Path) -> dict[int, tuple[str, int, int]
             linked.add(loc)
         out[id(t)] = (loc, offset, length)
     return out
+
+
+def external_data(model) -> dict[str, tuple[str, int, int]]:
+    """``name -> (location, offset, length)`` of ``model``'s initializers held as external data in a file of its
+    own directory (a bare file name: not ``.``, ``..``, nor with a path separator); others, and locations that do
+    not parse, left out (``length`` -1 when not given)."""
+    import onnx
+
+    table = {}
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        ext = {e.key: e.value for e in t.external_data}
+        loc = ext.get("location", "")
+        if not loc or Path(loc).name != loc or "\\" in loc or loc in (".", ".."):
+            continue
+        try:
+            table[t.name] = (loc, int(ext.get("offset", 0)), int(ext.get("length", -1)))
+        except ValueError:
+            continue
+    return table
+
+
+def external_files(path: Path) -> list[Path]:
+    """The external data files an .onnx model names that exist in its directory (read without its data; a file
+    that is not a model, or names outside the directory, are left for ingest to refuse)."""
+    import onnx
+
+    if path.suffix != ".onnx":
+        return []
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 (not a model: ingest says so)
+        return []
+    files = [path.parent / n for n in sorted({loc for loc, _, _ in external_data(model).values()})]
+    return [f for f in files if f.is_file()]
 
 
 def _same_bytes(path: Path, offset: int, data: bytes, chunk: int = 1 << 24) -> bool:

@@ -32,7 +32,7 @@ def session(model: onnx.ModelProto, min_bytes: int = 1024, outputs=()) -> ort.In
     made (a model past protobuf's 2 GB could not be serialized at all)."""
     from onnx import numpy_helper
 
-    from edgeplan.graph.wire import without
+    from edgeplan.graph.wire import external_stub, without
 
     light = without(model, "graph")
     light.graph.CopyFrom(without(model.graph, "initializer"))
@@ -46,13 +46,7 @@ def session(model: onnx.ModelProto, min_bytes: int = 1024, outputs=()) -> ort.In
         a = numpy_helper.to_array(init)
         names.append(init.name)
         values.append(ort.OrtValue.ortvalue_from_numpy(a))
-        stub = light.graph.initializer.add()
-        stub.name, stub.data_type = init.name, init.data_type
-        stub.dims.extend(init.dims)
-        stub.data_location = onnx.TensorProto.EXTERNAL
-        for k, v in (("location", "in-memory"), ("offset", "0"), ("length", str(a.nbytes))):
-            e = stub.external_data.add()
-            e.key, e.value = k, v
+        light.graph.initializer.append(external_stub(init, "in-memory", 0, a.nbytes))
     options = ort.SessionOptions()
     if names:
         options.add_external_initializers(names, values)

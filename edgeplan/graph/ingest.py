@@ -23,6 +23,7 @@ from edgeplan.errors import (
     ModelNotFoundError,
     UnsupportedModelError,
 )
+from edgeplan.graph import wire
 from edgeplan.graph.model import data_in_place
 
 log = logging.getLogger(__name__)
@@ -556,12 +557,8 @@ def _light_copy(model: onnx.ModelProto, large_as_inputs: bool = False) -> onnx.M
         if large_as_inputs:
             lg.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
             continue
-        stub = lg.initializer.add()  # dims and type only: a tensor of the same shape, its data "external"
-        stub.name, stub.data_type = t.name, t.data_type
-        stub.dims.extend(t.dims)
-        stub.data_location = onnx.TensorProto.EXTERNAL
-        entry = stub.external_data.add()
-        entry.key, entry.value = "location", "edgeplan-shape-inference-stub"
+        # dims and type only: a tensor of the same shape, its data "external"
+        lg.initializer.append(wire.external_stub(t, "edgeplan-shape-inference-stub"))
     return light
 
 

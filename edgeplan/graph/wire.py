@@ -80,6 +80,19 @@ def without(message, field_name: str):
     return out
 
 
+def external_stub(t: onnx.TensorProto, location: str, offset: int | None = None,
+                  length: int | None = None) -> onnx.TensorProto:
+    """``t``'s name, type and dims, its data "external" at ``location`` (and ``offset``, ``length`` when given): what
+    a model written with external data holds in its place, or a shape-only stand-in."""
+    stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims,
+                            data_location=onnx.TensorProto.EXTERNAL)
+    for k, v in (("location", location), ("offset", offset), ("length", length)):
+        if v is not None:
+            e = stub.external_data.add()
+            e.key, e.value = k, str(v)
+    return stub
+
+
 def _tensor(t: onnx.TensorProto) -> tuple[int, Iterator[bytes]]:
     """(length, chunks) of one serialized TensorProto."""
     size = t.ByteSize()

@@ -27,6 +27,7 @@ from edgeplan.artifacts import (
     StreamLayer,
     VerifyReport,
     code_digest,
+    external_files,
     link_or_copy,
     write_bytes_atomic,
     write_json_atomic,
@@ -130,23 +131,9 @@ def _size(path: Path) -> int | None:
     try:
         if path.is_dir():
             return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-        return path.stat().st_size + sum(f.stat().st_size for f in _external_files(path))
+        return path.stat().st_size + sum(f.stat().st_size for f in external_files(path))
     except OSError:
         return None
-
-
-def _external_files(path: Path) -> list[Path]:
-    """The external data files an .onnx model names (read without its data; names outside its directory, or that
-    do not parse, are left for ingest to refuse)."""
-    if path.suffix != ".onnx":
-        return []
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception:  # noqa: BLE001 (not a model: ingest says so)
-        return []
-    names = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
-    files = [path.parent / n for n in sorted(names) if n and "/" not in n and "\\" not in n and n not in (".", "..")]
-    return [f for f in files if f.is_file()]
 
 
 # --------------------------------------------------------------------------------------------- analyze
@@ -211,9 +198,10 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     int8_path = root / "model_int8.tflite"
     calibration = calibration_data(spec, in_shape)
     model_sha = fingerprint(model)
-    budget = qp.get("piece_bytes") or (PIECES_PAST_LIMIT if sum(node_float_bytes(view)) > PROTOBUF_LIMIT else None)
+    float_bytes = sum(node_float_bytes(view))
+    budget = qp.get("piece_bytes") or (PIECES_PAST_LIMIT if float_bytes > PROTOBUF_LIMIT else None)
     pieces = plan_pieces(view, int(budget)) if budget else None  # a model past 2 GB cannot go to onnx2tf whole
-    preflight.check(sum(node_float_bytes(view)), str(model_path),
+    preflight.check(float_bytes, str(model_path),
                     params["ingest"].get("max_memory_bytes"),
                     max((p.float_bytes // p.parts for p in pieces), default=None) if pieces else None,
                     stages=("int8 conversion", "matching", "cutting", "verify"), step="no stage after ingest")
@@ -344,7 +332,7 @@ def _copy_atomic(src: Path, dst: Path) -> None:
 def _copy_onnx(src: Path, dst: Path) -> None:
     """An .onnx file and the external data files it names (under their names, beside ``dst``: a hard link where
     the file system allows), the model last."""
-    for f in _external_files(src):
+    for f in external_files(src):
         link_or_copy(f, dst.parent / f.name)
     _copy_atomic(src, dst)
 
