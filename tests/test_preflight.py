@@ -28,6 +28,8 @@ def test_the_estimate_grows_with_the_model_and_the_conversion_with_its_largest_p
     assert all(large[s] > small[s] for s in small)
     whole, pieces = preflight.estimate(1 << 30), preflight.estimate(1 << 30, 128 << 20)
     assert pieces["int8 conversion"] < whole["int8 conversion"] and pieces["matching"] == whole["matching"]
+    busy = preflight.estimate(1 << 30, 128 << 20, 512 << 20)  # a piece's activations count in its conversion
+    assert busy["int8 conversion"] > pieces["int8 conversion"] and busy["matching"] == pieces["matching"]
 
 
 def test_a_stage_above_the_limit_is_named_with_its_figure():

@@ -6,9 +6,10 @@ A model that would not fit is refused in one line naming the stage and the figur
 
 The estimate of a stage is the sum over the processes it runs at once of their baseline (the process with its
 libraries imported) and their measured growth per float parameter byte (the largest over the six models of
-``bench/compile_memory.py``, rounded up), so it errs on the high side; activations are not counted (they are
-small beside the weights at the input sizes of these models). The conversion grows with its largest piece, not with
-the model (``quantize/pieces``).
+``bench/compile_memory.py``, rounded up), so it errs on the high side. The conversion grows with its largest piece,
+not with the model (``quantize/pieces``), and with the piece's activations as well as its parameters once the model
+is known (ResNet152V2 at 299 holds more than twice as many activation bytes as parameter bytes); the other stages
+are estimated from the parameters alone.
 """
 from __future__ import annotations
 
@@ -25,19 +26,30 @@ START_BASE = 0.1 * GB
 # Growth per float parameter byte (bench/compile_memory.py, the largest over its models, rounded up).
 INGEST_PER_BYTE = 6.0  # the ingest child converting a Keras model (Keras loads every variable, then the weights)
 HELD_PER_BYTE = 1.5  # the compile process during the conversion: the ONNX model and its view
-CONVERSION_PER_BYTE = 14.0  # a conversion child, per float byte of the piece it converts
+CONVERSION_PER_BYTE = 14.0  # a conversion child, per float parameter byte of the piece it converts
+# ... and per float activation byte of it: ResNet152V2's largest piece by parameters alone held 1.98 GB for 126 MB
+# of parameters and 452 MB of activations (3.4 per byte of both)
+CONVERSION_PER_ACTIVATION_BYTE = 3.5
 IN_PROCESS_PER_BYTE = {"matching": 5.0, "cutting": 4.0, "verify": 4.0}  # the compile process
 
 
-def estimate(parameter_bytes: int, largest_piece_bytes: int | None = None) -> dict[str, float]:
+def estimate(parameter_bytes: int, largest_piece_bytes: int | None = None,
+             piece_activation_bytes: int = 0) -> dict[str, float]:
     """Estimated peak RSS of each stage's processes together, bytes, for a model of ``parameter_bytes`` float
-    parameters converted in pieces of at most ``largest_piece_bytes`` (None: whole)."""
+    parameters converted in pieces whose costliest holds ``largest_piece_bytes`` of parameters (None: whole) and
+    ``piece_activation_bytes`` of activations (0: not known)."""
     p = float(parameter_bytes)
     q = float(largest_piece_bytes if largest_piece_bytes is not None else parameter_bytes)
+    conversion = CHILD_BASE + conversion_growth(q, piece_activation_bytes)
     out = {"ingest": START_BASE + CHILD_BASE + INGEST_PER_BYTE * p,
-           "int8 conversion": COMPILE_BASE + HELD_PER_BYTE * p + CHILD_BASE + CONVERSION_PER_BYTE * q}
+           "int8 conversion": COMPILE_BASE + HELD_PER_BYTE * p + conversion}
     out.update({stage: COMPILE_BASE + k * p for stage, k in IN_PROCESS_PER_BYTE.items()})
     return out
+
+
+def conversion_growth(parameter_bytes: float, activation_bytes: float = 0) -> float:
+    """A conversion child's estimated growth above its baseline for a piece of these float bytes."""
+    return CONVERSION_PER_BYTE * parameter_bytes + CONVERSION_PER_ACTIVATION_BYTE * activation_bytes
 
 
 def available_bytes() -> int | None:
@@ -53,14 +65,15 @@ def available_bytes() -> int | None:
 
 
 def check(parameter_bytes: int, where: str, limit: int | None = None, largest_piece_bytes: int | None = None,
-          stages: tuple[str, ...] | None = None, step: str = "nothing") -> None:
+          stages: tuple[str, ...] | None = None, step: str = "nothing", piece_activation_bytes: int = 0) -> None:
     """Raise InsufficientMemoryError when a stage's estimate is above ``limit`` (default: what is available);
     ``step`` names what is then not started."""
     given = limit is not None
     cap = limit if given else available_bytes()
     if cap is None:
         return
-    est = {s: v for s, v in estimate(parameter_bytes, largest_piece_bytes).items() if stages is None or s in stages}
+    est = {s: v for s, v in estimate(parameter_bytes, largest_piece_bytes, piece_activation_bytes).items()
+           if stages is None or s in stages}
     if not est:
         return
     stage = max(est, key=est.get)

@@ -156,6 +156,30 @@ def test_keras_file_and_saved_model(tmp_path):
     assert other == fingerprint(load_any(tmp_path / "m.keras"))
 
 
+@pytest.mark.slow
+def test_kernels_stored_transposed_give_the_model_constant_folding_gives(tmp_path, monkeypatch):
+    """Ingest stores a Keras kernel that only a Transpose reads already transposed (``_lone_transposes``) instead
+    of folding the Transpose: the canonical model is byte for byte the one the folding made."""
+    import keras
+
+    from edgeplan.graph import ingest
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((12, 12, 3))
+    h = keras.layers.Conv2D(8, 3, padding="same")(inp)
+    h = keras.layers.BatchNormalization()(h)
+    h = keras.layers.DepthwiseConv2D(3, padding="same", activation="relu")(h)
+    h = keras.layers.Flatten()(h)
+    keras.Model(inp, keras.layers.Dense(4)(h)).save(tmp_path / "m.keras")
+    seen = []
+    real = ingest._lone_transposes
+    monkeypatch.setattr(ingest, "_lone_transposes", lambda g, w: seen.append(real(g, w)) or seen[-1])
+    stored = load_any(tmp_path / "m.keras")
+    assert list(seen[0].values())[0][1] == [3, 2, 0, 1]  # the convolution's kernel, HWIO -> OIHW: the path is taken
+    monkeypatch.setattr(ingest, "_lone_transposes", lambda g, w: {})
+    assert fingerprint(stored) == fingerprint(load_any(tmp_path / "m.keras"))
+
+
 def test_maxpool_padding_after_relu_becomes_a_zero_pad():
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5])
     nodes = [helper.make_node("Relu", ["x"], ["r"]),

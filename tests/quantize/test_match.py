@@ -54,10 +54,10 @@ def test_points_are_chosen_evenly_by_parameter_bytes(compiled):
 
 def test_weights_given_as_arrays_compute_what_the_inline_model_does(compiled):
     """graph/evaluate.session hands onnxruntime the weights as arrays (not serialized in the model): every
-    tensor's values are bit-identical to a session of the same graph with its weights inline."""
+    tensor's values are bit-identical to a session of the same graph, same options, with its weights inline."""
     import onnxruntime as ort
 
-    from edgeplan.graph.evaluate import session
+    from edgeplan.graph.evaluate import session, session_options
 
     d, _, _ = compiled("tiny_cnn")
     model = onnx.load(str(d / "model.onnx"))
@@ -66,7 +66,7 @@ def test_weights_given_as_arrays_compute_what_the_inline_model_does(compiled):
     big = [i.name for i in model.graph.initializer if len(i.raw_data) >= 1024]
     assert big  # the path under test is taken
     before = model.SerializeToString()
-    inline = ort.InferenceSession(before, providers=["CPUExecutionProvider"])
+    inline = ort.InferenceSession(before, session_options(), providers=["CPUExecutionProvider"])
     arrays = session(model)
     assert model.SerializeToString() == before  # the model given is left as it is (no copy of it is made either)
     shape = [x.dim_value for x in model.graph.input[0].type.tensor_type.shape.dim]
