@@ -120,9 +120,9 @@ def write_onnx(path: str | os.PathLike, model, external: bool | None = None,
     from edgeplan.graph import wire
 
     path = Path(path)
-    big = [t for t in model.graph.initializer if t.HasField("raw_data") and t.ByteSize() > 1024]
+    big = [t for t in model.graph.initializer if wire.raw_size(t) > 1024]
     if external is None:
-        external = sum(t.ByteSize() for t in big) > EXTERNAL_DATA_BYTES
+        external = sum(wire.raw_size(t) for t in big) > EXTERNAL_DATA_BYTES
     if not external:
         return write_chunks_atomic(path, wire.chunks(model))
     h = hashlib.sha256()

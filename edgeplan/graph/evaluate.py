@@ -32,15 +32,14 @@ def session(model: onnx.ModelProto, min_bytes: int = 1024, outputs=()) -> ort.In
     made (a model past protobuf's 2 GB could not be serialized at all)."""
     from onnx import numpy_helper
 
-    from edgeplan.graph.wire import external_stub, without
+    from edgeplan.graph.wire import external_stub, raw_size, without
 
     light = without(model, "graph")
     light.graph.CopyFrom(without(model.graph, "initializer"))
     light.graph.output.extend(outputs)
     names, values = [], []
     for init in model.graph.initializer:
-        if init.data_location == onnx.TensorProto.EXTERNAL or not init.HasField("raw_data") or \
-                init.ByteSize() < min_bytes:
+        if init.data_location == onnx.TensorProto.EXTERNAL or raw_size(init) < max(min_bytes, 1):
             light.graph.initializer.append(init)
             continue
         a = numpy_helper.to_array(init)

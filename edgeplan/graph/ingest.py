@@ -233,7 +233,7 @@ def _from_keras(path: Path, input_shape) -> onnx.ModelProto:
     except Exception as e:
         raise UnsupportedModelError(f"{path}: tf2onnx could not convert it ({type(e).__name__}: {e}).") from e
     del km
-    _release_tf_memory()
+    _release_heap()
     return model
 
 
@@ -287,7 +287,7 @@ def _stateless_keras(held: list, sig, nchw) -> onnx.ModelProto:
         g.node.extend(nodes)
     _captures_as_constants(model, call)
     del km, variables, call
-    _release_tf_memory()
+    _release_heap()
     model = _fold(_infer_shapes(model))  # kernels and batch-norm constants become plain initializers
     # tf2onnx's passes (transposes pushed and cancelled, ...) never need the large tensors by now: they run on a
     # model where those are typed graph inputs, and the tensors are attached again after (one copy, not four)
@@ -302,7 +302,7 @@ def _stateless_keras(held: list, sig, nchw) -> onnx.ModelProto:
     out.graph.input.extend(kept)
     out.graph.initializer.extend(large)
     del model, large
-    _release_tf_memory()
+    _release_heap()
     return out
 
 
@@ -342,9 +342,9 @@ def _captures_as_constants(model: onnx.ModelProto, fn) -> None:
     g.input.extend(kept)
 
 
-def _release_tf_memory() -> None:
-    """Free what the Keras model and the conversion held before canonicalisation copies the ONNX model, and
-    hand freed heap back to the system (VGG16: canonicalisation then starts at 2.6 GB instead of 5.1 GB).
+def _release_heap() -> None:
+    """Free what the Keras model, the conversion or a pass of canonicalisation held, and hand freed heap back to
+    the system (VGG16: canonicalisation then starts at 2.6 GB instead of 5.1 GB).
     Not ``keras.backend.clear_session()``: it resets global Keras state another thread may be using."""
     import ctypes
     import gc
@@ -564,12 +564,17 @@ def _infer_shapes(model: onnx.ModelProto, **kw) -> onnx.ModelProto:
 
 
 def _large(t: onnx.TensorProto) -> bool:
-    return len(t.raw_data) > LIGHT_BYTES or bool(t.external_data)
+    return wire.raw_size(t) > LIGHT_BYTES or bool(t.external_data)
 
 
-def _light_copy(model: onnx.ModelProto, large_as_inputs: bool = False) -> onnx.ModelProto:
-    """``model`` without the data of its large initializers: dims-only stubs (for shape inference), or typed
-    graph inputs of the same names (``large_as_inputs``: for passes that must not touch them)."""
+STUB = "edgeplan-stub"  # the location of a large initializer's stand-in in a light copy
+
+
+def _light_copy(model: onnx.ModelProto, large_as_inputs: bool = False,
+                keep: set[str] | frozenset[str] = frozenset()) -> onnx.ModelProto:
+    """``model`` without the data of its large initializers (but those named in ``keep``): dims-only stubs (for shape
+    inference and constant folding), or typed graph inputs of the same names (``large_as_inputs``: for passes that
+    must not touch them)."""
     g = model.graph
     light = onnx.ModelProto()
     for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
@@ -582,29 +587,85 @@ def _light_copy(model: onnx.ModelProto, large_as_inputs: bool = False) -> onnx.M
     lg.output.extend(g.output)
     lg.value_info.extend(g.value_info)
     for t in g.initializer:
-        if not _large(t):
+        if t.name in keep or not _large(t):
             lg.initializer.append(t)
             continue
         if large_as_inputs:
             lg.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
             continue
         # dims and type only: a tensor of the same shape, its data "external"
-        lg.initializer.append(wire.external_stub(t, "edgeplan-shape-inference-stub"))
+        lg.initializer.append(wire.external_stub(t, STUB))
     return light
 
 
+def _folded_reads(g: onnx.GraphProto) -> set[str]:
+    """Names of the initializers constant folding may read: those a node reads whose inputs are all constants,
+    directly or through such nodes (a Shape or Size counts as constant: the folding reads static shapes), and
+    any a subgraph names."""
+    const = {t.name for t in g.initializer}
+    folded: list[onnx.NodeProto] = []
+    grew = True
+    while grew:  # to a fixed point: nodes may be out of order before the first toposort
+        grew = False
+        for n in g.node:
+            if all(o in const for o in n.output if o):
+                continue
+            if n.op_type in ("Shape", "Size") or all(x in const for x in n.input if x):
+                const.update(o for o in n.output if o)
+                folded.append(n)
+                grew = True
+    reads = {x for n in folded for x in n.input}
+    for n in g.node:
+        for a in n.attribute:
+            for sub in [a.g] * a.HasField("g") + list(a.graphs):
+                reads.update(x for m in sub.node for x in m.input)
+    return reads
+
+
 def _fold(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with constants folded, unused tensors removed and nodes in topological order (onnx-graphsurgeon).
+    The folding runs on a light copy holding only the large initializers it may read; the others, untouched by it,
+    stay in ``model``, which is made into the result in place (VGG16's or a 2 GB model's weights are never copied:
+    graphsurgeon's export copied them all, and its folding held more; wide_fc_2g: +7.8 GB)."""
     import onnx_graphsurgeon as gs
 
     from onnx_graphsurgeon.logger import G_LOGGER
 
     G_LOGGER.severity = G_LOGGER.ERROR
-    graph = gs.import_onnx(model)
+    graph = gs.import_onnx(_light_copy(model, keep=_folded_reads(model.graph)))
     graph.fold_constants(error_ok=True, size_threshold=None)
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     out = gs.export_onnx(graph)
+    del graph
     out.ir_version = model.ir_version
-    return out
+    return _into(model, out)
+
+
+def _is_stub(t: onnx.TensorProto) -> bool:
+    return t.data_location == onnx.TensorProto.EXTERNAL and any(e.key == "location" and e.value == STUB
+                                                                 for e in t.external_data)
+
+
+def _into(model: onnx.ModelProto, out: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` made equal to ``out`` but for ``out``'s stubs, which become ``model``'s tensors of those names, in
+    place: removing from and sorting a repeated field moves no tensor data, appending to another message copies it."""
+    g, og = model.graph, out.graph
+    stubs = {t.name for t in og.initializer if _is_stub(t)}
+    order = {t.name: i for i, t in enumerate(og.initializer)}
+    for i in reversed(range(len(g.initializer))):
+        if g.initializer[i].name not in stubs:
+            del g.initializer[i]
+    g.initializer.extend(t for t in og.initializer if t.name not in stubs)
+    g.initializer.sort(key=lambda t: order[t.name])
+    og.ClearField("initializer")
+    for fd, _ in model.ListFields():
+        if fd.name != "graph":
+            model.ClearField(fd.name)
+    for fd, _ in g.ListFields():
+        if fd.name != "initializer":
+            g.ClearField(fd.name)
+    model.MergeFrom(out)
+    return model
 
 
 def canonicalise(
@@ -633,10 +694,10 @@ def canonicalise(
     try:
         for _ in range(2):
             model = _fold(_infer_shapes(model, data_prop=True))
-            _release_tf_memory()
+            _release_heap()
         _bypass_identities(model)
         _fold_conv_affine(model)
-        _release_tf_memory()
+        _release_heap()
         _two_input_sum_to_add(model)
         _explicit_pool_padding(model)
         _name_shared_constants(model.graph)
@@ -684,9 +745,9 @@ def _screen(model: onnx.ModelProto, source: str) -> None:
                                 f"{', '.join(_shown(n) for n in cycle[:5])}{' ...' if len(cycle) > 5 else ''}.")
     for t in g.initializer:
         if t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16):
-            try:  # raw bytes are read in place: no copy of a big weight
-                a = np.frombuffer(t.raw_data, onnx.helper.tensor_dtype_to_np_dtype(t.data_type)) if t.raw_data \
-                    else numpy_helper.to_array(t).reshape(-1)
+            try:  # raw bytes viewed, not converted (reading the field copies them once)
+                a = np.frombuffer(t.raw_data, onnx.helper.tensor_dtype_to_np_dtype(t.data_type)) \
+                    if t.HasField("raw_data") else numpy_helper.to_array(t).reshape(-1)
             except ValueError as e:
                 raise CorruptModelError(f"{source}: initializer {_shown(t.name)} does not hold the values its shape "
                                         f"{list(t.dims)} declares ({e}).") from e
