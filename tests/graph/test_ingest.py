@@ -246,3 +246,43 @@ def test_a_mul_that_is_not_per_channel_stays(mul_shape):
     the Add after it does not follow the Conv any more."""
     m = _conv_affine_model(mul_shape, [1], False)
     assert [n.op_type for n in canonicalise(m).graph.node] == ["Conv", "Mul", "Add", "Relu"]
+
+
+def test_folding_sees_only_the_weights_it_folds_and_makes_what_folding_the_whole_model_makes(monkeypatch):
+    """``_fold`` gives graphsurgeon a copy holding only the large initializers a foldable node reads (the others are
+    stubs: a 2 GB model's weights were copied by the export and held again by the folding) and turns the model into
+    the result in place: byte for byte what folding the whole model made."""
+    import onnx_graphsurgeon as gs
+
+    from edgeplan.graph import ingest
+
+    rng = np.random.default_rng(0)
+    w = {n: rng.normal(size=(128, 256)).astype(np.float32) for n in ("folded", "read", "unused")}  # 128 KiB each
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128])
+    nodes = [  # out of order: the MatMul reading the folded Transpose comes first
+        helper.make_node("MatMul", ["h", "folded_t"], ["h2"]),
+        helper.make_node("Transpose", ["folded"], ["folded_t"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "read"], ["h0"]),
+        helper.make_node("Add", ["c1", "c2"], ["c"]),
+        helper.make_node("Add", ["h0", "c"], ["h"]),
+        helper.make_node("Relu", ["h2"], ["y"]),
+    ]
+    inits = [onnx.numpy_helper.from_array(v + 1e-3, n) for n, v in w.items()]
+    inits += [onnx.numpy_helper.from_array(np.full((1, 256), k, np.float32), f"c{k}") for k in (1, 2)]
+    g = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    whole = gs.import_onnx(onnx.ModelProto.FromString(model.SerializeToString()))
+    whole.fold_constants(error_ok=True, size_threshold=None)
+    whole.cleanup(remove_unused_graph_inputs=False).toposort()
+    expected = gs.export_onnx(whole)
+    expected.ir_version = model.ir_version
+
+    given = []
+    real = gs.import_onnx
+    monkeypatch.setattr(gs, "import_onnx", lambda m: given.append(m) or real(m))
+    got = ingest._fold(model)
+    assert got is model  # made in place
+    held = {t.name: t.data_location == TensorProto.EXTERNAL for t in given[0].graph.initializer}
+    assert held == {"folded": False, "read": True, "unused": True, "c1": False, "c2": False}
+    assert got.SerializeToString(deterministic=True) == expected.SerializeToString(deterministic=True)
+    assert [n.op_type for n in got.graph.node] == ["MatMul", "Add", "MatMul", "Relu"]
