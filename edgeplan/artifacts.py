@@ -106,7 +106,7 @@ PROTOBUF_LIMIT = (1 << 31) - 1  # no .onnx file of more bytes can be read back
 
 
 def write_onnx(path: str | os.PathLike, model, external: bool | None = None,
-               data_from: str | os.PathLike | None = None) -> str:
+               data_from: str | os.PathLike | None = None, fill=None) -> str:
     """Write an ONNX model and return the sha256 of ``model.SerializeToString(deterministic=True)`` (its
     fingerprint, ``graph.model.fingerprint``), hashed in pieces (``graph/wire``). A model with more than
     ``EXTERNAL_DATA_BYTES`` of weights (or ``external``) is written as ONNX external data: the weights in
@@ -116,17 +116,27 @@ def write_onnx(path: str | os.PathLike, model, external: bool | None = None,
     ``data_from``: an .onnx model with external data that holds some of these weights (the model a segment is cut
     from). A weight it holds under the same name, with the same bytes (compared), is not written again: its data
     file is linked beside ``path`` (a hard link where the file system allows, else a copy) and the weight points at
-    it. Ten cut points of a 2.3 GB model wrote 23 GB of copies of one file and filled the disk."""
+    it. Ten cut points of a 2.3 GB model wrote 23 GB of copies of one file and filled the disk.
+
+    ``fill``: ``name -> TensorProto`` for the stubs of a light model (``graph.wire.light_copy``): written, and
+    fingerprinted, as the model holding those tensors would be, which is never made (a cut point's prefix of VGG16
+    or of a 2 GB model was a copy of its weights)."""
     from edgeplan.graph import wire
 
     path = Path(path)
-    big = [t for t in model.graph.initializer if wire.raw_size(t) > 1024]
+    tensors = list(model.graph.initializer)
+    if fill is not None:
+        missing = [t.name for t in tensors if wire.is_stub(t) and t.name not in fill]
+        if missing:
+            raise ValueError(f"write_onnx: no tensor to fill the stub of {missing[0]!r}")
+        tensors = [fill[t.name] if wire.is_stub(t) else t for t in tensors]
+    big = [t for t in tensors if wire.raw_size(t) > 1024]
     if external is None:
         external = sum(wire.raw_size(t) for t in big) > EXTERNAL_DATA_BYTES
     if not external:
-        return write_chunks_atomic(path, wire.chunks(model))
+        return write_chunks_atomic(path, wire.chunks(model, tensors))
     h = hashlib.sha256()
-    for c in wire.chunks(model):
+    for c in wire.chunks(model, tensors):
         h.update(c)
     refs = _shared(big, Path(data_from), path.parent) if data_from is not None else {}
     own = [t for t in big if id(t) not in refs]
@@ -137,7 +147,7 @@ def write_onnx(path: str | os.PathLike, model, external: bool | None = None,
     light = wire.without(model, "graph")
     light.graph.CopyFrom(wire.without(model.graph, "initializer"))
     g = light.graph
-    for t in model.graph.initializer:
+    for t in tensors:
         if id(t) not in refs:
             g.initializer.append(t)
             continue

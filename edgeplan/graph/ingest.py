@@ -291,8 +291,8 @@ def _stateless_keras(held: list, sig, nchw) -> onnx.ModelProto:
     model = _fold(_infer_shapes(model))  # kernels and batch-norm constants become plain initializers
     # tf2onnx's passes (transposes pushed and cancelled, ...) never need the large tensors by now: they run on a
     # model where those are typed graph inputs, and the tensors are attached again after (one copy, not four)
-    light = _light_copy(model, large_as_inputs=True)
-    large = [t for t in model.graph.initializer if _large(t)]
+    light = wire.light_copy(model, large_as_inputs=True)
+    large = [t for t in model.graph.initializer if wire.large(t)]
     graph = optimizer.optimize_graph(GraphUtil.create_graph_from_onnx_model(light), catch_errors=False)
     out = graph.make_model("edgeplan")
     del graph, light
@@ -546,56 +546,18 @@ def _fold_conv_affine(model: onnx.ModelProto) -> None:
         g.initializer.remove(t)
 
 
-LIGHT_BYTES = 1 << 16  # initializers above this are left out of shape inference (it reads only their dims)
-
-
 def _infer_shapes(model: onnx.ModelProto, **kw) -> onnx.ModelProto:
     """``onnx.shape_inference.infer_shapes`` without copying the weights: it round-trips the whole model
     through bytes (twice 553 MB for VGG16) yet needs only the dims of large initializers (values only of small,
     shape-like ones). Inference runs on a copy whose large initializers are dims-only stubs; the inferred
     value_info and outputs are put into ``model``, which is returned."""
     g = model.graph
-    inferred = shape_inference.infer_shapes(_light_copy(model), **kw)
+    inferred = shape_inference.infer_shapes(wire.light_copy(model), **kw)
     del g.value_info[:]
     g.value_info.extend(inferred.graph.value_info)
     for out, found in zip(g.output, inferred.graph.output):
         out.type.CopyFrom(found.type)
     return model
-
-
-def _large(t: onnx.TensorProto) -> bool:
-    return wire.raw_size(t) > LIGHT_BYTES or bool(t.external_data)
-
-
-STUB = "edgeplan-stub"  # the location of a large initializer's stand-in in a light copy
-
-
-def _light_copy(model: onnx.ModelProto, large_as_inputs: bool = False,
-                keep: set[str] | frozenset[str] = frozenset()) -> onnx.ModelProto:
-    """``model`` without the data of its large initializers (but those named in ``keep``): dims-only stubs (for shape
-    inference and constant folding), or typed graph inputs of the same names (``large_as_inputs``: for passes that
-    must not touch them)."""
-    g = model.graph
-    light = onnx.ModelProto()
-    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
-        setattr(light, field, getattr(model, field))
-    light.opset_import.extend(model.opset_import)
-    lg = light.graph
-    lg.name = g.name
-    lg.node.extend(g.node)
-    lg.input.extend(g.input)
-    lg.output.extend(g.output)
-    lg.value_info.extend(g.value_info)
-    for t in g.initializer:
-        if t.name in keep or not _large(t):
-            lg.initializer.append(t)
-            continue
-        if large_as_inputs:
-            lg.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-            continue
-        # dims and type only: a tensor of the same shape, its data "external"
-        lg.initializer.append(wire.external_stub(t, STUB))
-    return light
 
 
 def _folded_reads(g: onnx.GraphProto) -> set[str]:
@@ -632,7 +594,7 @@ def _fold(model: onnx.ModelProto) -> onnx.ModelProto:
     from onnx_graphsurgeon.logger import G_LOGGER
 
     G_LOGGER.severity = G_LOGGER.ERROR
-    graph = gs.import_onnx(_light_copy(model, keep=_folded_reads(model.graph)))
+    graph = gs.import_onnx(wire.light_copy(model, keep=_folded_reads(model.graph)))
     graph.fold_constants(error_ok=True, size_threshold=None)
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     out = gs.export_onnx(graph)
@@ -641,16 +603,11 @@ def _fold(model: onnx.ModelProto) -> onnx.ModelProto:
     return _into(model, out)
 
 
-def _is_stub(t: onnx.TensorProto) -> bool:
-    return t.data_location == onnx.TensorProto.EXTERNAL and any(e.key == "location" and e.value == STUB
-                                                                 for e in t.external_data)
-
-
 def _into(model: onnx.ModelProto, out: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` made equal to ``out`` but for ``out``'s stubs, which become ``model``'s tensors of those names, in
     place: removing from and sorting a repeated field moves no tensor data, appending to another message copies it."""
     g, og = model.graph, out.graph
-    stubs = {t.name for t in og.initializer if _is_stub(t)}
+    stubs = {t.name for t in og.initializer if wire.is_stub(t)}
     order = {t.name: i for i, t in enumerate(og.initializer)}
     for i in reversed(range(len(g.initializer))):
         if g.initializer[i].name not in stubs:
@@ -709,7 +666,7 @@ def canonicalise(
     try:
         # on the copy without the large weights' data: the checker serializes what it is given and parses it again
         # (VGG16: +1.8 GB, the peak of its ingest), and never reads the values of large tensors
-        onnx.checker.check_model(_light_copy(model, large_as_inputs=True), full_check=False)
+        onnx.checker.check_model(wire.light_copy(model, large_as_inputs=True), full_check=False)
     except onnx.checker.ValidationError as e:
         raise CorruptModelError(f"{source}: the canonical model does not pass the ONNX checker: {e}") from e
     return model

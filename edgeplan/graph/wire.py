@@ -111,6 +111,38 @@ def external_stub(t: onnx.TensorProto, location: str, offset: int | None = None,
     return stub
 
 
+STUB = "edgeplan-stub"  # the location of a large initializer's stand-in in a light copy
+LIGHT_BYTES = 1 << 16  # initializers above this are stubs in a light copy
+
+
+def is_stub(t: onnx.TensorProto) -> bool:
+    return t.data_location == onnx.TensorProto.EXTERNAL and any(e.key == "location" and e.value == STUB
+                                                                 for e in t.external_data)
+
+
+def large(t: onnx.TensorProto) -> bool:
+    return raw_size(t) > LIGHT_BYTES or bool(t.external_data)
+
+
+def light_copy(model: onnx.ModelProto, large_as_inputs: bool = False,
+               keep: set[str] | frozenset[str] = frozenset()) -> onnx.ModelProto:
+    """``model`` without the data of its large initializers (but those named in ``keep``): dims-only stubs (for
+    shape inference, constant folding, splitting: passes that read no large value; ``artifacts.write_onnx(fill=)``
+    writes the real ones in their place), or typed graph inputs of the same names (``large_as_inputs``: for passes
+    that must not touch them). Every other field as in ``model``."""
+    light = without(model, "graph")
+    light.graph.CopyFrom(without(model.graph, "initializer"))
+    lg = light.graph
+    for t in model.graph.initializer:
+        if t.name in keep or not large(t):
+            lg.initializer.append(t)
+        elif large_as_inputs:
+            lg.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+        else:
+            lg.initializer.append(external_stub(t, STUB))
+    return light
+
+
 def _tensor(t: onnx.TensorProto) -> tuple[int, Iterator[bytes]]:
     """(length, chunks) of one serialized TensorProto."""
     if raw_size(t) <= LARGE:
@@ -130,9 +162,9 @@ def _tensor(t: onnx.TensorProto) -> tuple[int, Iterator[bytes]]:
     return size, chunks()
 
 
-def _graph(g: onnx.GraphProto) -> tuple[int, Iterator[bytes]]:
+def _graph(g: onnx.GraphProto, initializers) -> tuple[int, Iterator[bytes]]:
     before, after = _split(without(g, "initializer").SerializeToString(deterministic=True), _GRAPH_INITIALIZER)
-    tensors = [_tensor(t) for t in g.initializer]
+    tensors = [_tensor(t) for t in initializers]
     tag = _varint(_GRAPH_INITIALIZER << 3 | _LEN)
     size = len(before) + len(after) + sum(len(tag) + len(_varint(n)) + n for n, _ in tensors)
 
@@ -146,12 +178,13 @@ def _graph(g: onnx.GraphProto) -> tuple[int, Iterator[bytes]]:
     return size, chunks()
 
 
-def chunks(model: onnx.ModelProto) -> Iterator[bytes]:
-    """The bytes of ``model.SerializeToString(deterministic=True)``, in pieces."""
+def chunks(model: onnx.ModelProto, initializers=None) -> Iterator[bytes]:
+    """The bytes of ``model.SerializeToString(deterministic=True)``, in pieces (with ``initializers`` in place of
+    its graph's when given: ``artifacts.write_onnx(fill=)``)."""
     before, after = _split(without(model, "graph").SerializeToString(deterministic=True), _MODEL_GRAPH)
     yield before
     if model.HasField("graph"):
-        size, parts = _graph(model.graph)
+        size, parts = _graph(model.graph, model.graph.initializer if initializers is None else initializers)
         yield _varint(_MODEL_GRAPH << 3 | _LEN) + _varint(size)
         yield from parts
     yield after

@@ -43,6 +43,7 @@ from edgeplan.errors import (
 from edgeplan.graph.cuts import Candidate, choose_evenly, endpoints, single_tensor_cuts
 from edgeplan.graph.model import GraphView, fingerprint
 from edgeplan.graph.model import load as load_model
+from edgeplan.graph.wire import light_copy
 from edgeplan.pipeline import memory
 
 log = logging.getLogger(__name__)
@@ -285,12 +286,14 @@ def _segments(root, model, tfl, analysis: Analysis, params: dict, progress: Prog
     reports: dict[int, CompileReport] = {}
     last = analysis.last
     int8_bytes = tfl.data  # the bytes of model_int8.tflite: not read again (wide_fc_2g: 0.57 GB more for the stage)
+    light = light_copy(model)  # what the splits read: the weights are written from ``model`` (write_onnx's fill)
+    weights = {t.name: t for t in model.graph.initializer}
     for p in analysis.points:
         d = seg_root / f"p{p.index}"
         d.mkdir(parents=True, exist_ok=True)
         try:
             with memory.stage("cutting"):
-                _cut_point(d, p, last, model, tfl, root / "model.onnx", int8_bytes)
+                _cut_point(d, p, last, light, weights, tfl, root / "model.onnx", int8_bytes)
             if p.index > 0:
                 with memory.stage("compile"):
                     reports[p.index] = compile_prefix(d, params["compile"])
@@ -305,8 +308,9 @@ def _segments(root, model, tfl, analysis: Analysis, params: dict, progress: Prog
     return BuildResult(analysis, reports, errors)
 
 
-def _cut_point(d: Path, p, last: int, model, tfl, model_path: Path, int8_bytes: bytes) -> None:
-    """prefix/suffix ONNX (onnx-graphsurgeon) and int8 (cut from the one int8 model) of point ``p`` in ``d``."""
+def _cut_point(d: Path, p, last: int, light, weights, tfl, model_path: Path, int8_bytes: bytes) -> None:
+    """prefix/suffix ONNX (onnx-graphsurgeon, on the model's light copy, ``weights`` written in its stubs' place)
+    and int8 (cut from the one int8 model) of point ``p`` in ``d``."""
     from edgeplan.quantize.cut import cut
     from edgeplan.surgery import split
 
@@ -318,8 +322,8 @@ def _cut_point(d: Path, p, last: int, model, tfl, model_path: Path, int8_bytes: 
         write_bytes_atomic(d / "prefix_int8.tflite", int8_bytes)
     else:  # written as they are serialized (a VGG prefix's bytes held whole cost 2-4 times its size), past 1 GiB
         # of weights with external data: the model's own data file, linked, where it holds the weights
-        write_onnx(d / "prefix.onnx", split.prefix(model, p.tensor), data_from=model_path)
-        write_onnx(d / "suffix.onnx", split.suffix(model, p.tensor), data_from=model_path)
+        write_onnx(d / "prefix.onnx", split.prefix(light, p.tensor), data_from=model_path, fill=weights)
+        write_onnx(d / "suffix.onnx", split.suffix(light, p.tensor), data_from=model_path, fill=weights)
         pre, suf = cut(tfl, tfl.by_name(p.tflite_tensor).index)
         write_bytes_atomic(d / "prefix_int8.tflite", pre)
         write_bytes_atomic(d / "suffix_int8.tflite", suf)

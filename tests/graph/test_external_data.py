@@ -66,6 +66,35 @@ def test_a_segment_links_the_data_file_of_the_model_it_is_cut_from(tmp_path):
     # several hard links (its "hardlink attack" check)
 
 
+@pytest.mark.parametrize("external", [False, True])
+def test_a_split_of_the_light_copy_filled_on_write_is_the_split_of_the_model(tmp_path, external):
+    """The build splits a light copy of the model (its large weights stubs) and writes the weights in the stubs'
+    place (``write_onnx(fill=)``): the same files, inline or with external data, and the same fingerprints as
+    splitting the model itself, whose weights the splits copied."""
+    from edgeplan.graph.wire import LIGHT_BYTES, is_stub, light_copy
+
+    m = onnx.shape_inference.infer_shapes(wide.model())
+    (tmp_path / "model").mkdir()
+    write_onnx(tmp_path / "model" / "m.onnx", m, external=external)
+    model = load_model(tmp_path / "model" / "m.onnx")
+    light = light_copy(model)
+    stubs = {t.name for t in light.graph.initializer if is_stub(t)}
+    assert len(stubs) >= 2 and stubs == {t.name for t in model.graph.initializer if len(t.raw_data) > LIGHT_BYTES}
+    weights = {t.name: t for t in model.graph.initializer}
+    for part in ("prefix", "suffix"):
+        cut = getattr(split, part)
+        for kind, sub, fill in (("whole", cut(model, "fc1.relu"), None), ("light", cut(light, "fc1.relu"), weights)):
+            (tmp_path / kind).mkdir(exist_ok=True)
+            sha = write_onnx(tmp_path / kind / f"{part}.onnx", sub, data_from=tmp_path / "model" / "m.onnx",
+                             fill=fill)
+            assert sha == fingerprint(cut(model, "fc1.relu"))
+        assert (tmp_path / "light" / f"{part}.onnx").read_bytes() == (tmp_path / "whole" / f"{part}.onnx").read_bytes()
+    names = {kind: sorted(p.name for p in (tmp_path / kind).iterdir()) for kind in ("light", "whole")}
+    assert names["light"] == names["whole"]
+    with pytest.raises(ValueError, match="no tensor to fill"):
+        write_onnx(tmp_path / "x.onnx", split.prefix(light, "fc1.relu"), fill={})
+
+
 def test_external_data_outside_the_models_directory_is_refused(tmp_path):
     from edgeplan.errors import CorruptModelError
     from edgeplan.graph.ingest import load_any
