@@ -52,8 +52,10 @@ def load_any(path: str | os.PathLike, input_shape: Sequence[int] | None = None) 
             "or a SavedModel directory."
         )
     else:
-        model = _read_onnx(path)
-    return canonicalise(model, input_shape=input_shape, source=str(path))
+        return canonicalise(_read_onnx(path), input_shape=input_shape, source=str(path))
+    # numbered again in the canonical graph's order: the converted graph's order changes from run to run
+    # (EfficientNetB0 got one of three fingerprints, MobileNetV2 another after a Keras model was built in the process)
+    return _renumber_generated_names(canonicalise(model, input_shape=input_shape, source=str(path)))
 
 
 _GENERATED = re.compile(r"(__|^)(\d+)(?=\D|$)")  # tf2onnx's ``X__58``; TensorFlow's captured ``551:0``

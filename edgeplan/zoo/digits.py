@@ -32,7 +32,7 @@ def split(seed: int = 0) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarra
 
 def build(out: Path, seed: int = 0) -> Path:
     """Train (once: a second call reuses the files) and save ``out.keras`` and its held-out set."""
-    path, held = out.with_suffix(".keras"), eval_path(out)
+    path, held = out.with_name(f"{out.name}.keras"), eval_path(out)
     if path.is_file() and held.is_file():
         return path
     import keras

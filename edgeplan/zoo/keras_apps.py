@@ -7,7 +7,7 @@ import numpy as np
 
 
 def build(arch: str, size: int, out: Path, alpha: float | None = None, seed: int = 0) -> Path:
-    path = out.with_suffix(".keras")
+    path = out.with_name(f"{out.name}.keras")
     if path.is_file():
         return path
     import keras

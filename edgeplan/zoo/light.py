@@ -17,7 +17,7 @@ def source_path(name: str) -> Path:
 
 
 def build(name: str, out: Path, seed: int = 0) -> Path:
-    path = out.with_suffix(".onnx")
+    path = out.with_name(f"{out.name}.onnx")
     if path.is_file():
         return path
     model = canonicalise(onnx.load(str(source_path(name))), source=str(source_path(name)))

@@ -17,7 +17,7 @@ def finish(graph: onnx.GraphProto) -> onnx.ModelProto:
 
 def save_once(out: Path, make: Callable[[], onnx.ModelProto]) -> Path:
     """``out``.onnx, built by ``make`` unless it is there already."""
-    path = out.with_suffix(".onnx")
+    path = out.with_name(f"{out.name}.onnx")
     if not path.is_file():
         onnx.save(make(), str(path))
     return path

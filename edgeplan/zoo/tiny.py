@@ -56,7 +56,7 @@ def model(lrn: bool = False, seed: int = 0) -> onnx.ModelProto:
 
 
 def build(out: Path, lrn: bool = False) -> Path:
-    path = out.with_suffix(".onnx")
+    path = out.with_name(f"{out.name}.onnx")
     if not path.is_file():
         onnx.save(model(lrn=lrn), str(path))
     return path

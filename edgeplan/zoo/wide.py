@@ -65,7 +65,7 @@ def build(out: Path, width: int = 512, depth: int = 2) -> Path:
     """``out.onnx``; past protobuf's limit, its weights in ``out.onnx.data`` beside it (external data)."""
     from edgeplan.artifacts import write_onnx
 
-    path = out.with_suffix(".onnx")
+    path = out.with_name(f"{out.name}.onnx")
     if not path.is_file():
         m = model(width, depth)
         write_onnx(path, m, external=sum(len(t.raw_data) for t in m.graph.initializer) > PROTOBUF_LIMIT)
