@@ -26,19 +26,20 @@ def test_sizes_parse_in_powers_of_1024():
 def test_the_estimate_grows_with_the_model_and_the_conversion_with_its_largest_piece():
     small, large = preflight.estimate(100 << 20), preflight.estimate(1 << 30)
     assert all(large[s] > small[s] for s in small)
-    whole, pieces = preflight.estimate(1 << 30), preflight.estimate(1 << 30, 128 << 20)
+    whole, pieces = preflight.estimate(1 << 30), preflight.estimate(1 << 30, [(128 << 20, 0)] * 8)
     assert pieces["int8 conversion"] < whole["int8 conversion"] and pieces["matching"] == whole["matching"]
-    busy = preflight.estimate(1 << 30, 128 << 20, 512 << 20)  # a piece's activations count in its conversion
+    busy = preflight.estimate(1 << 30, [(128 << 20, 0)] * 7 + [(128 << 20, 512 << 20)])  # the costliest child counts
     assert busy["int8 conversion"] > pieces["int8 conversion"] and busy["matching"] == pieces["matching"]
+    assert busy == preflight.estimate(1 << 30, [(128 << 20, 512 << 20)])
 
 
 def test_a_stage_above_the_limit_is_named_with_its_figure():
-    est = preflight.estimate(553_000_000, 128 << 20)
+    est = preflight.estimate(553_000_000, [(128 << 20, 0)])
     stage = max(est, key=est.get)
     with pytest.raises(InsufficientMemoryError, match=rf"{stage} stage is estimated to need "
                                                       rf"{est[stage] / 1e9:.1f} GB .*553 MB.*: 2\.1 GB"):
-        preflight.check(553_000_000, "vgg16.keras", 2 << 30, 128 << 20)
-    preflight.check(553_000_000, "vgg16.keras", int(est[stage]) + 1, 128 << 20)  # fits: no error
+        preflight.check(553_000_000, "vgg16.keras", 2 << 30, [(128 << 20, 0)])
+    preflight.check(553_000_000, "vgg16.keras", int(est[stage]) + 1, [(128 << 20, 0)])  # fits: no error
     preflight.check(553_000_000, "vgg16.keras", 1, stages=())  # no stage asked about: nothing to refuse
     avail = preflight.available_bytes()
     assert avail is None or avail > 0

@@ -14,6 +14,7 @@ are estimated from the parameters alone.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from edgeplan.errors import InsufficientMemoryError
 
@@ -33,16 +34,14 @@ CONVERSION_PER_ACTIVATION_BYTE = 3.5
 IN_PROCESS_PER_BYTE = {"matching": 5.0, "cutting": 4.0, "verify": 4.0}  # the compile process
 
 
-def estimate(parameter_bytes: int, largest_piece_bytes: int | None = None,
-             piece_activation_bytes: int = 0) -> dict[str, float]:
+def estimate(parameter_bytes: int, children: Sequence[tuple[int, int]] | None = None) -> dict[str, float]:
     """Estimated peak RSS of each stage's processes together, bytes, for a model of ``parameter_bytes`` float
-    parameters converted in pieces whose costliest holds ``largest_piece_bytes`` of parameters (None: whole) and
-    ``piece_activation_bytes`` of activations (0: not known)."""
+    parameters converted by children each converting ``(parameter bytes, activation bytes)`` (``Piece.child``; the
+    costliest sets the figure; None: the whole model in one, its activations not counted)."""
     p = float(parameter_bytes)
-    q = float(largest_piece_bytes if largest_piece_bytes is not None else parameter_bytes)
-    conversion = CHILD_BASE + conversion_growth(q, piece_activation_bytes)
+    growth = max((conversion_growth(q, a) for q, a in children), default=0.0) if children else conversion_growth(p)
     out = {"ingest": START_BASE + CHILD_BASE + INGEST_PER_BYTE * p,
-           "int8 conversion": COMPILE_BASE + HELD_PER_BYTE * p + conversion}
+           "int8 conversion": COMPILE_BASE + HELD_PER_BYTE * p + CHILD_BASE + growth}
     out.update({stage: COMPILE_BASE + k * p for stage, k in IN_PROCESS_PER_BYTE.items()})
     return out
 
@@ -64,15 +63,16 @@ def available_bytes() -> int | None:
     return None
 
 
-def check(parameter_bytes: int, where: str, limit: int | None = None, largest_piece_bytes: int | None = None,
-          stages: tuple[str, ...] | None = None, step: str = "nothing", piece_activation_bytes: int = 0) -> None:
+def check(parameter_bytes: int, where: str, limit: int | None = None,
+          children: Sequence[tuple[int, int]] | None = None, stages: tuple[str, ...] | None = None,
+          step: str = "nothing") -> None:
     """Raise InsufficientMemoryError when a stage's estimate is above ``limit`` (default: what is available);
     ``step`` names what is then not started."""
     given = limit is not None
     cap = limit if given else available_bytes()
     if cap is None:
         return
-    est = {s: v for s, v in estimate(parameter_bytes, largest_piece_bytes, piece_activation_bytes).items()
+    est = {s: v for s, v in estimate(parameter_bytes, children).items()
            if stages is None or s in stages}
     if not est:
         return

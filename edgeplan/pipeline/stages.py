@@ -202,13 +202,9 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     float_bytes = sum(node_float_bytes(view))
     budget = qp.get("piece_bytes") or (PIECES_PAST_LIMIT if float_bytes > PROTOBUF_LIMIT else None)
     pieces = plan_pieces(view, int(budget)) if budget else None  # a model past 2 GB cannot go to onnx2tf whole
-    costliest = max(pieces or (), key=lambda p: preflight.conversion_growth(p.float_bytes / p.parts,
-                                                                      p.activation_bytes / p.parts), default=None)
-    preflight.check(float_bytes, str(model_path),
-                    params["ingest"].get("max_memory_bytes"),
-                    costliest.float_bytes // costliest.parts if costliest else None,
-                    stages=("int8 conversion", "matching", "cutting", "verify"), step="no stage after ingest",
-                    piece_activation_bytes=costliest.activation_bytes // costliest.parts if costliest else 0)
+    preflight.check(float_bytes, str(model_path), params["ingest"].get("max_memory_bytes"),
+                    [p.child() for p in pieces] if pieces else None,
+                    stages=("int8 conversion", "matching", "cutting", "verify"), step="no stage after ingest")
     made_from = _conversion_inputs(model_sha, calibration, pieces)
     data = _converted(int8_path, made_from)
     if data is None:

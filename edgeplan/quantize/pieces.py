@@ -69,6 +69,11 @@ class Piece:
         """What the budget bounds: parameter and activation bytes."""
         return self.float_bytes + self.activation_bytes
 
+    def child(self) -> tuple[int, int]:
+        """(parameter bytes, activation bytes) one conversion child of this piece converts: a split node's parts
+        go to children of their own."""
+        return self.float_bytes // self.parts, self.activation_bytes // self.parts
+
     def to_json(self) -> dict:
         return {"index": self.index, "start": self.start, "end": self.end, "nodes": len(self.nodes),
                 "float_bytes": self.float_bytes, "activation_bytes": self.activation_bytes, "parts": self.parts,
