@@ -134,10 +134,48 @@ class GraphView:
 
 
 def load(path) -> onnx.ModelProto:
-    """A canonical ``model.onnx`` with its external data, if any, read into it as written: onnx's loader marks each
-    tensor it filled ``data_location: DEFAULT`` explicitly, which the written model did not say (and which changes
-    its bytes, so its fingerprint)."""
-    return data_in_place(onnx.load(str(path)))
+    """An ``.onnx`` model edgeplan wrote (``artifacts.write_onnx``) with its external data, if any, read into it as
+    written (``read_external_data``)."""
+    from pathlib import Path
+
+    path = Path(path)
+    model = onnx.load(str(path), load_external_data=False)
+    read_external_data(model, path)
+    return model
+
+
+def read_external_data(model: onnx.ModelProto, path) -> None:
+    """Read each initializer's external data into it, leaving no ``data_location`` (as in a model written whole:
+    onnx's loader marks each tensor it filled ``DEFAULT`` explicitly, which changes the bytes, so the fingerprint).
+    A location must be a file name of ``path``'s directory (``artifacts.external_data``) and hold the bytes the
+    tensor declares. Not onnx's loader: it refuses a data file with several hard links, and a build links a model's
+    data file into its cut points, so a model.onnx past 1 GiB could not be loaded again once built."""
+    from edgeplan.artifacts import external_data
+    from edgeplan.errors import CorruptModelError
+    from edgeplan.graph.wire import raw_size
+
+    table = external_data(model)
+    for t in model.graph.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        if t.name not in table:
+            raise CorruptModelError(f"{path}: initializer {t.name[:80]!r}: its external data is not in a file of the "
+                                    "model's own directory.")
+        location, offset, length = table[t.name]
+        try:
+            with open(path.parent / location, "rb") as f:
+                f.seek(offset)
+                data = f.read() if length < 0 else f.read(length)
+        except OSError as e:
+            raise CorruptModelError(f"{path}: initializer {t.name[:80]!r}: its external data could not be read "
+                                    f"({e.strerror or e}).") from e
+        t.raw_data = data
+        del t.external_data[:]
+        t.ClearField("data_location")
+        want = raw_size(t)
+        if len(data) != want:
+            raise CorruptModelError(f"{path}: initializer {t.name[:80]!r}: {len(data):,} bytes of external data in "
+                                    f"{location} where its shape {list(t.dims)} declares {want:,}.")
 
 
 def data_in_place(model: onnx.ModelProto) -> onnx.ModelProto:

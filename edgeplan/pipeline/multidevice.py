@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import onnx
-
 from edgeplan.errors import ArtifactError, SpecError
 from edgeplan.plan.multidevice import spec, units
 
@@ -13,13 +11,14 @@ def load(root: Path, params: dict):
     """The float model and the int8 graph, each read once, and inputs like the calibration set's: ``samples(k)``
     draws two with seed offset k (1: matching units, as the build's matching; 2: verifying a split)."""
     from edgeplan.graph.model import GraphView
+    from edgeplan.graph.model import load as load_model
     from edgeplan.quantize.calibration import CalibrationSpec, sample_inputs
     from edgeplan.quantize.tflite_graph import TfliteGraph
 
     for f in ("model.onnx", "model_int8.tflite"):
         if not (root / f).is_file():
             raise ArtifactError(f"{root / f}: missing; run `edgeplan compile` (or `edgeplan build {root}`) first")
-    model = onnx.load(str(root / "model.onnx"))
+    model = load_model(root / "model.onnx")
     view = GraphView(model)
     cal = CalibrationSpec.from_params(params["quantize"]["calibration"])
 

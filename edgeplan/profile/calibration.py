@@ -30,8 +30,7 @@ ARCHITECTURES = {
 
 
 def build(workdir: Path, out: Path = WORKLOADS_JSON, progress=print) -> dict:
-    import onnx
-
+    from edgeplan.graph.model import load as load_model
     from edgeplan.pipeline import params as params_mod
     from edgeplan.pipeline import stages
     from edgeplan.profile.features import tpu_workload
@@ -47,7 +46,7 @@ def build(workdir: Path, out: Path = WORKLOADS_JSON, progress=print) -> dict:
         root = stages.ingest(f"zoo:{zoo_name}", zoo_name, "1", workdir / "artifacts")
         int8 = root / "model_int8.tflite"
         if not int8.is_file():
-            model = onnx.load(str(root / "model.onnx"))
+            model = load_model(root / "model.onnx")
             shape = tuple(d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim)
             with tempfile.TemporaryDirectory(prefix="edgeplan-calib-") as tmp:
                 data = convert.to_int8_tflite(root / "model.onnx", calibration_data(spec, shape), Path(tmp),

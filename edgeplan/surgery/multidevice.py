@@ -29,6 +29,7 @@ from onnx import helper
 from edgeplan.artifacts import staged_dir, write_json_atomic
 from edgeplan.errors import SpecError
 from edgeplan.graph.model import GraphView
+from edgeplan.graph.model import load as load_model
 from edgeplan.plan.multidevice.spec import Mapping, Platform, mapping_doc
 from edgeplan.plan.multidevice.units import Units
 from edgeplan.quantize import litert
@@ -198,7 +199,7 @@ def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: P
     identical with both kernel sets. Returns split.json's content; raises SpecError (``out`` untouched) when the
     chain does not verify."""
     t0 = time.perf_counter()
-    model = onnx.load(str(root / "model.onnx"))
+    model = load_model(root / "model.onnx")
     view = GraphView(model)
     int8_bytes = (root / "model_int8.tflite").read_bytes()
     graph = TfliteGraph(int8_bytes)

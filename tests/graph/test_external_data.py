@@ -63,7 +63,32 @@ def test_a_segment_links_the_data_file_of_the_model_it_is_cut_from(tmp_path):
     h = _run(tmp_path / "p" / "prefix.onnx", x)
     np.testing.assert_array_equal(_run(tmp_path / "p" / "changed.onnx", h), _run(tmp_path / "inline.onnx", h))
     # onnxruntime reads the linked file (it is what runs segments); onnx's own loader refuses any data file with
-    # several hard links (its "hardlink attack" check)
+    # several hard links (its "hardlink attack" check), so edgeplan reads its own models' data itself: a built model
+    # loads again (a second build, verify, profiling)
+    with pytest.raises(Exception, match="hard link"):
+        onnx.load(str(tmp_path / "model" / "m.onnx"))
+    assert fingerprint(load_model(tmp_path / "model" / "m.onnx")) == fingerprint(model)
+
+
+def test_external_data_that_is_short_or_elsewhere_is_refused_in_one_line(tmp_path):
+    from edgeplan.errors import CorruptModelError
+
+    write_onnx(tmp_path / "m.onnx", onnx.shape_inference.infer_shapes(wide.model()), external=True)
+    data = (tmp_path / "m.onnx.data").read_bytes()
+    (tmp_path / "m.onnx.data").write_bytes(data[:-100])
+    with pytest.raises(CorruptModelError, match=r"m\.onnx: initializer '.*': .* of external data in m\.onnx\.data"):
+        load_model(tmp_path / "m.onnx")
+    (tmp_path / "m.onnx.data").unlink()
+    with pytest.raises(CorruptModelError, match="its external data could not be read"):
+        load_model(tmp_path / "m.onnx")
+    stub = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    for t in stub.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location":
+                e.value = "../m.onnx.data"
+    (tmp_path / "m.onnx").write_bytes(stub.SerializeToString())
+    with pytest.raises(CorruptModelError, match="not in a file of the model's own directory"):
+        load_model(tmp_path / "m.onnx")
 
 
 @pytest.mark.parametrize("external", [False, True])
