@@ -53,8 +53,9 @@ def load_any(path: str | os.PathLike, input_shape: Sequence[int] | None = None) 
         )
     else:
         return canonicalise(_read_onnx(path), input_shape=input_shape, source=str(path))
-    # numbered again in the canonical graph's order: the converted graph's order changes from run to run
-    # (EfficientNetB0 got one of three fingerprints, MobileNetV2 another after a Keras model was built in the process)
+    # numbered again in the canonical graph's order: the converted graph's order follows Python's string hashing and
+    # the file's path (EfficientNetB0 got one of three fingerprints in three runs, MobileNetV2 0.35 two under
+    # PYTHONHASHSEED 1 and 2)
     return _renumber_generated_names(canonicalise(model, input_shape=input_shape, source=str(path)))
 
 
