@@ -132,7 +132,7 @@ def write_onnx(path: str | os.PathLike, model, external: bool | None = None,
         tensors = [fill[t.name] if wire.is_stub(t) else t for t in tensors]
     big = [t for t in tensors if wire.raw_size(t) > 1024]
     if external is None:
-        external = sum(wire.raw_size(t) for t in big) > EXTERNAL_DATA_BYTES
+        external = writes_external(big)
     if not external:
         return write_chunks_atomic(path, wire.chunks(model, tensors))
     h = hashlib.sha256()
@@ -154,6 +154,13 @@ def write_onnx(path: str | os.PathLike, model, external: bool | None = None,
         g.initializer.append(wire.external_stub(t, *refs[id(t)]))
     write_bytes_atomic(path, light.SerializeToString())
     return h.hexdigest()
+
+
+def writes_external(tensors) -> bool:
+    """Whether ``write_onnx`` (left to choose) writes a model of these initializers with external data."""
+    from edgeplan.graph import wire
+
+    return sum(size for t in tensors if (size := wire.raw_size(t)) > 1024) > EXTERNAL_DATA_BYTES
 
 
 def _shared(tensors, source: Path, dest: Path) -> dict[int, tuple[str, int, int]]:

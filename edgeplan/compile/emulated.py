@@ -15,6 +15,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 
+import flatbuffers
 from tensorflow.lite.python import schema_py_generated as schema
 from tensorflow.lite.tools import flatbuffer_utils
 
@@ -127,7 +128,10 @@ def compile_models(
 
 
 def _mark(data: bytes, report: CompileReport) -> bytes:
-    model = flatbuffer_utils.convert_bytearray_to_object(bytearray(data))
+    """``data`` with the emulated compiler's metadata added. Its buffers are packed from views of ``data`` into
+    one builder of about the output's size: flatbuffer_utils' round trip (a bytearray of the input, a builder
+    grown by doubling, two copies of its output) took a 0.57 GB prefix 3.4 GB above its stage's start."""
+    model = schema.ModelT.InitFromObj(schema.Model.GetRootAs(data, 0))
     buf = schema.BufferT()
     buf.data = list(json.dumps({"compiler": report.compiler, "version": report.compiler_version,
                                 "tpu_ops": report.tpu_ops, "total_ops": report.total_ops}).encode())
@@ -136,7 +140,9 @@ def _mark(data: bytes, report: CompileReport) -> bytes:
     md.buffer = len(model.buffers)
     model.buffers.append(buf)
     model.metadata = list(model.metadata or []) + [md]
-    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+    builder = flatbuffers.Builder(len(data) + (1 << 16))
+    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+    return bytes(memoryview(builder.Bytes)[builder.Head():])
 
 
 def is_emulated(data: bytes) -> bool:

@@ -150,9 +150,43 @@ def read_external_data(model: onnx.ModelProto, path) -> None:
     A location must be a file name of ``path``'s directory (``artifacts.external_data``) and hold the bytes the
     tensor declares. Not onnx's loader: it refuses a data file with several hard links, and a build links a model's
     data file into its cut points, so a model.onnx past 1 GiB could not be loaded again once built."""
+    from edgeplan.errors import CorruptModelError
+
+    for t, location, offset, length in _external_spans(model, path):
+        try:
+            with open(path.parent / location, "rb") as f:
+                f.seek(offset)
+                data = f.read(length)
+        except OSError as e:
+            raise CorruptModelError(f"{path}: initializer {t.name[:80]!r}: its external data could not be read "
+                                    f"({e.strerror or e}).") from e
+        if len(data) != length:
+            raise CorruptModelError(f"{path}: initializer {t.name[:80]!r}: {len(data):,} bytes of external data in "
+                                    f"{location} where its shape {list(t.dims)} declares {length:,}.")
+        t.raw_data = data
+        del t.external_data[:]
+        t.ClearField("data_location")
+
+
+def load_stored(path) -> onnx.ModelProto:
+    """An ``.onnx`` model edgeplan wrote with its external data left where it is, checked as ``load`` checks it (a
+    file of the model's directory holding the bytes each tensor declares): for onnxruntime to read from the file
+    (``graph.evaluate``), never copied into this process."""
+    from pathlib import Path
+
+    path = Path(path)
+    model = onnx.load(str(path), load_external_data=False)
+    for _ in _external_spans(model, path):
+        pass
+    return model
+
+
+def _external_spans(model: onnx.ModelProto, path):
+    """``(initializer, location, offset, length)`` of each initializer held as external data, checked: a file of
+    ``path``'s directory (``artifacts.external_data``) that holds the bytes the tensor's shape declares."""
     from edgeplan.artifacts import external_data
     from edgeplan.errors import CorruptModelError
-    from edgeplan.graph.wire import raw_size
+    from edgeplan.graph.wire import declared_size
 
     table = external_data(model)
     for t in model.graph.initializer:
@@ -163,19 +197,17 @@ def read_external_data(model: onnx.ModelProto, path) -> None:
                                     "model's own directory.")
         location, offset, length = table[t.name]
         try:
-            with open(path.parent / location, "rb") as f:
-                f.seek(offset)
-                data = f.read() if length < 0 else f.read(length)
+            size = (path.parent / location).stat().st_size
         except OSError as e:
             raise CorruptModelError(f"{path}: initializer {t.name[:80]!r}: its external data could not be read "
                                     f"({e.strerror or e}).") from e
-        t.raw_data = data
-        del t.external_data[:]
-        t.ClearField("data_location")
-        want = raw_size(t)
-        if len(data) != want:
-            raise CorruptModelError(f"{path}: initializer {t.name[:80]!r}: {len(data):,} bytes of external data in "
+        have = max(0, size - offset) if length < 0 else min(length, max(0, size - offset))
+        want = declared_size(t)
+        want = have if want is None else want
+        if have != want or (length >= 0 and length != want):
+            raise CorruptModelError(f"{path}: initializer {t.name[:80]!r}: {have:,} bytes of external data in "
                                     f"{location} where its shape {list(t.dims)} declares {want:,}.")
+        yield t, location, offset, want
 
 
 def data_in_place(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -92,10 +92,16 @@ def raw_size(t: onnx.TensorProto) -> int:
     and ``ByteSize()`` serializes the message (a 1.07 GB weight: +4.3 GB for a moment)."""
     if not t.HasField("raw_data"):
         return 0
+    size = declared_size(t)
+    return t.ByteSize() if size is None else size  # a type numpy has no width for: the serialized size, once
+
+
+def declared_size(t: onnx.TensorProto) -> int | None:
+    """Bytes ``t``'s dims and type declare (whether or not it holds them), or None for a type of no fixed width."""
     try:
         return math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-    except (KeyError, TypeError, ValueError):  # a type numpy has no width for: the serialized size, once
-        return t.ByteSize()
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def external_stub(t: onnx.TensorProto, location: str, offset: int | None = None,

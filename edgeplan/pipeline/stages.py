@@ -32,6 +32,7 @@ from edgeplan.artifacts import (
     write_bytes_atomic,
     write_json_atomic,
     write_onnx,
+    writes_external,
 )
 from edgeplan.errors import (
     ArtifactError,
@@ -218,8 +219,9 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     tfl = TfliteGraph(data)
     progress("matching", 0, 1)
     xs = sample_inputs(spec, in_shape, 2, seed=spec.seed + 1)
-    with memory.stage("matching"):
-        matches = match_candidates(model, cands, tfl, xs, min_cosine=qp["match_min_cosine"]) if cands else []
+    stored = model_path if writes_external(model.graph.initializer) else model  # onnxruntime maps the data file
+    with memory.stage("matching"):  # (wide_fc_2g: +2.30 GB in 1.0 s, not +5.65 GB of copies in 19.9 s)
+        matches = match_candidates(stored, cands, tfl, xs, min_cosine=qp["match_min_cosine"]) if cands else []
     progress("matching", 1, 1)
     kept = [m for m in matches if m.tflite_index is not None]
     dropped = [DroppedPoint(m.candidate.tensor, m.reason or "") for m in matches if m.tflite_index is None]

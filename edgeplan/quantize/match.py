@@ -16,6 +16,7 @@ What does not match is dropped with the reason.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -77,7 +78,7 @@ def _kept(it, details: dict[int, dict]):
 
 
 def match_candidates(
-    onnx_model: onnx.ModelProto,
+    onnx_model: onnx.ModelProto | Path,
     candidates: list[Candidate],
     tflite: TfliteGraph,
     xs: np.ndarray,
@@ -85,6 +86,8 @@ def match_candidates(
     min_cosine: float = 0.5,
     macs_rtol: float = 1e-3,
 ) -> list[Match]:
+    """Each candidate's int8 tensor, or why it has none. ``onnx_model``: the float model, or the path of the .onnx
+    edgeplan wrote it to (its external data then read by onnxruntime from the file: ``graph.evaluate``)."""
     scores = _best(onnx_model, [(c.tensor, c.shape, c.prefix_macs) for c in candidates], tflite, xs, macs_rtol)
     matches: list[Match] = []
     for c in candidates:
@@ -111,7 +114,7 @@ def match_candidates(
     return _resolve(matches, tflite)
 
 
-def _best(onnx_model: onnx.ModelProto, wants: list[tuple[str, tuple[int, ...], int]], tflite: TfliteGraph,
+def _best(onnx_model: onnx.ModelProto | Path, wants: list[tuple[str, tuple[int, ...], int]], tflite: TfliteGraph,
           xs: np.ndarray, macs_rtol: float) -> dict[str, tuple[float, int] | None]:
     """For each ``(tensor, shape, prefix_macs)``: ``(cosine, int8 index)`` of the int8 tensor of the same (NHWC)
     shape after the same MACs whose dequantized values follow the tensor's float values most closely (over all of

@@ -74,3 +74,40 @@ def test_weights_given_as_arrays_compute_what_the_inline_model_does(compiled):
         x = {model.graph.input[0].name: np.random.default_rng(k).normal(size=shape).astype(np.float32)}
         for a, b, o in zip(arrays.run(None, x), inline.run(None, x), inline.get_outputs()):
             assert np.array_equal(a, b), o.name
+
+
+def test_a_model_stored_with_external_data_is_matched_from_its_file(compiled, tmp_path):
+    """Given the path of a model written with external data, matching's float values come from onnxruntime reading
+    the data file itself (``graph.evaluate``; wide_fc_2g's matching no longer holds a second copy of its 2.28 GB):
+    the same values and the same matches as from the model held in memory. A data file cut short is refused in
+    one line before onnxruntime sees it."""
+    import pytest
+
+    from edgeplan.artifacts import write_onnx
+    from edgeplan.errors import CorruptModelError
+    from edgeplan.graph.evaluate import tensor_values
+    from edgeplan.graph.model import load as load_model
+    from edgeplan.pipeline.stages import candidates
+    from edgeplan.quantize.match import match_candidates
+
+    d, result, _ = compiled("light_squeezenet")
+    model = load_model(d / "model.onnx")
+    path = tmp_path / "model.onnx"
+    write_onnx(path, model, external=True)
+    assert (tmp_path / "model.onnx.data").stat().st_size > 1_000_000 > path.stat().st_size
+    interior = [p.tensor for p in result.analysis.points[1:-1]]
+    x = np.random.default_rng(4).uniform(-1, 1, (2, 3, 224, 224)).astype(np.float32)
+    held, stored = tensor_values(model, interior, x), tensor_values(path, interior, x)
+    for t in interior:
+        np.testing.assert_allclose(stored[t], held[t], rtol=1e-5, atol=1e-5 * float(np.abs(held[t]).max()))
+    tfl = TfliteGraph((d / "model_int8.tflite").read_bytes())
+    _, cands = candidates(model)
+    a, b = (match_candidates(m, cands, tfl, x) for m in (model, path))
+    assert [(m.candidate.tensor, m.tflite_index, m.reason) for m in a] == \
+           [(m.candidate.tensor, m.tflite_index, m.reason) for m in b]
+    assert max(abs(m.cosine - n.cosine) for m, n in zip(a, b)) < 1e-6
+    data = (tmp_path / "model.onnx.data").read_bytes()
+    (tmp_path / "model.onnx.data").write_bytes(data[:-10])
+    with pytest.raises(CorruptModelError, match=r"model\.onnx: initializer '.*': .* bytes of external data in "
+                                                r"model\.onnx\.data where its shape"):
+        tensor_values(path, interior, x)
