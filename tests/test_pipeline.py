@@ -124,3 +124,9 @@ def test_a_build_after_its_conversion_does_not_convert_again(tmp_path, params, m
     other = {**params, "quantize": {**params["quantize"], "calibration": {**params["quantize"]["calibration"], "seed": 9}}}
     stages.build(d, other)
     assert len(calls) == 2 and json.loads((d / "model_int8.json").read_text())["tflite_sha256"] != hashlib.sha256(int8).hexdigest()
+    written = []  # the record goes first: a kill between the two writes leaves no int8 model without its record
+    for name in ("write_bytes_atomic", "write_json_atomic"):  # (which the next build would convert and write again)
+        monkeypatch.setattr(stages, name,
+                            lambda p, *a, _f=getattr(stages, name), **k: written.append(p.name) or _f(p, *a, **k))
+    stages.build(d, params)
+    assert len(calls) == 3 and written.index("model_int8.json") < written.index("model_int8.tflite")

@@ -212,8 +212,10 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
         with tempfile.TemporaryDirectory(prefix="edgeplan-convert-") as tmp, memory.stage("int8 conversion"):
             data = convert.to_int8_tflite(model_path, calibration, Path(tmp), qp["timeout_s"], pieces, view,
                                           lambda done, total: progress("int8 conversion", done, total))
-        write_bytes_atomic(int8_path, data)
+        # the record first: a kill between the two leaves a record naming bytes that are not there, and the next
+        # build converts (once); the other order left a converted model without its record, converted again
         write_json_atomic(root / CONVERTED_FROM, {**made_from, "tflite_sha256": hashlib.sha256(data).hexdigest()})
+        write_bytes_atomic(int8_path, data)
     progress("int8 conversion", 1, 1)
 
     tfl = TfliteGraph(data)

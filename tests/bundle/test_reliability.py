@@ -202,7 +202,8 @@ def test_flow_faults_a_killed_run_a_restarted_prefect_server_and_a_lost_dask_wor
     with _flow_faults.started(tmp_path) as c:
         r = _flow_faults.run_flow_faults(c, 1, 12)  # faults at 47, 56, 57 % of the clean run (seed 23 drew 93 %:
         # a run a little faster than the clean one ended before its fault)
-    assert r["trials"] == 3 and r["violations"] == 0, r["violated"]
+    assert r["trials"] == 3 and r["violations"] == 0, "; ".join(  # a string, shown whole
+        f"{v['kind']} at {v['at_s']} s: {v['violations']}" for v in r["violated"])
     assert r["conversions_max"] == 1 and len(c.reference) > 20
     assert all(not row["ended_before_fault"] for row in r["rows"]), r["rows"]  # each fault landed mid-run
 
