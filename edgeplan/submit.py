@@ -3,7 +3,6 @@ ONNX) and the ``edgeplan.model.submitted`` event that triggers the ``compile-on-
 from __future__ import annotations
 
 import hashlib
-import tempfile
 from pathlib import Path
 
 from edgeplan.errors import ModelVersionConflictError, StoreKeyNotFound
@@ -19,9 +18,10 @@ def upload(store, source: str, name: str, version: str, input_shape=None, max_by
     """Canonicalise ``source`` (any supported model, or zoo:NAME) and put it at ``model_key``; the same
     model again is a no-op, another one under the same name and version is refused. (key, sha256, new)."""
     from edgeplan.pipeline import stages
+    from edgeplan.scratch import scratch
 
-    with tempfile.TemporaryDirectory(prefix="edgeplan-submit-") as tmp:
-        d = stages.ingest(source, name, version, Path(tmp), input_shape, max_bytes)
+    with scratch("submit") as tmp:
+        d = stages.ingest(source, name, version, tmp, input_shape, max_bytes)
         data = (d / "model.onnx").read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     key = model_key(name, version)

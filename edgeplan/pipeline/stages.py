@@ -46,6 +46,7 @@ from edgeplan.graph.model import GraphView, fingerprint
 from edgeplan.graph.model import load as load_model
 from edgeplan.graph.wire import light_copy
 from edgeplan.pipeline import memory
+from edgeplan.scratch import scratch
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -79,9 +80,9 @@ def ingest(source: str | Path, name: str, version: str, out_root: Path,
                                          "ingest.max_model_bytes); nothing was read. Raise the limit if this machine "
                                          "has the memory to convert it.")
             preflight.check(size, src, max_memory, stages=("ingest",))
-    with tempfile.TemporaryDirectory(prefix="edgeplan-ingest-") as tmp, memory.stage("ingest"):
-        _ingest_child(src, Path(out_root) / ".zoo", Path(tmp), name, str(version), input_shape)
-        made = ModelInfo.load(Path(tmp) / "model.json")
+    with scratch("ingest") as tmp, memory.stage("ingest"):
+        _ingest_child(src, Path(out_root) / ".zoo", tmp, name, str(version), input_shape)
+        made = ModelInfo.load(tmp / "model.json")
         if (out / "model.json").is_file():  # a version names one model: the same again is a no-op, another is refused
             held = ModelInfo.load(out / "model.json")
             if held.sha256 != made.sha256:
@@ -209,8 +210,8 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     made_from = _conversion_inputs(model_sha, calibration, pieces)
     data = _converted(int8_path, made_from)
     if data is None:
-        with tempfile.TemporaryDirectory(prefix="edgeplan-convert-") as tmp, memory.stage("int8 conversion"):
-            data = convert.to_int8_tflite(model_path, calibration, Path(tmp), qp["timeout_s"], pieces, view,
+        with scratch("convert") as tmp, memory.stage("int8 conversion"):
+            data = convert.to_int8_tflite(model_path, calibration, tmp, qp["timeout_s"], pieces, view,
                                           lambda done, total: progress("int8 conversion", done, total))
         # the record first: a kill between the two leaves a record naming bytes that are not there, and the next
         # build converts (once); the other order left a converted model without its record, converted again

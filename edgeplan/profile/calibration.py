@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -37,6 +36,7 @@ def build(workdir: Path, out: Path = WORKLOADS_JSON, progress=print) -> dict:
     from edgeplan.quantize import convert
     from edgeplan.quantize.calibration import CalibrationSpec, calibration_data
     from edgeplan.quantize.tflite_graph import TfliteGraph
+    from edgeplan.scratch import scratch
 
     params = params_mod.DEFAULTS
     spec = CalibrationSpec.from_params(params["quantize"]["calibration"])
@@ -48,8 +48,8 @@ def build(workdir: Path, out: Path = WORKLOADS_JSON, progress=print) -> dict:
         if not int8.is_file():
             model = load_model(root / "model.onnx")
             shape = tuple(d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim)
-            with tempfile.TemporaryDirectory(prefix="edgeplan-calib-") as tmp:
-                data = convert.to_int8_tflite(root / "model.onnx", calibration_data(spec, shape), Path(tmp),
+            with scratch("calib") as tmp:
+                data = convert.to_int8_tflite(root / "model.onnx", calibration_data(spec, shape), tmp,
                                               params["quantize"]["timeout_s"])
             int8.write_bytes(data)
         data = int8.read_bytes()

@@ -224,9 +224,9 @@ def load_capacity(root: Path, rounds: int, progress: Progress = _noop) -> LoadCa
     """The streaming layers of ``root/stream`` timed alone, beside a paced loader and beside a build
     (``profile.capacity``); the loader reads a scratch file of random bytes, removed afterwards."""
     import os
-    import tempfile
 
     from edgeplan.artifacts import StreamInfo
+    from edgeplan.scratch import scratch
 
     info = StreamInfo.load(root / "stream" / "stream.json")
     segs = []
@@ -235,8 +235,8 @@ def load_capacity(root: Path, rounds: int, progress: Progress = _noop) -> LoadCa
         if hashlib.sha256(data).hexdigest() != layer.sha256:
             raise ArtifactError(f"{root / layer.file}: not the bytes stream.json names; run `edgeplan stream {root}`")
         segs.append((layer.name, layer.op, layer.weight_bytes, data))
-    with tempfile.TemporaryDirectory(prefix="edgeplan-capacity-") as tmp:
-        scratch = Path(tmp) / "scratch.bin"
-        scratch.write_bytes(os.urandom(32 << 20))
-        return measure_capacity(segs, scratch, cpu_mod.PROBE, rounds=rounds,
+    with scratch("capacity") as tmp:
+        loader_file = tmp / "scratch.bin"
+        loader_file.write_bytes(os.urandom(32 << 20))
+        return measure_capacity(segs, loader_file, cpu_mod.PROBE, rounds=rounds,
                                 report=lambda done, total: progress("load capacity", done, total))
