@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from edgeplan.pipeline.local_server import alive
+
 _NAME = re.compile(r"^edgeplan-[a-z0-9]+-(\d+)-")
 
 
@@ -28,8 +30,8 @@ def scratch(kind: str) -> Iterator[Path]:
 
 
 def sweep(root: Path | None = None) -> list[Path]:
-    """Remove the scratch directories under ``root`` (the temporary directory) whose process is gone; what was
-    removed. A directory of another user, a link, or one whose pid is alive (even if reused) is left."""
+    """Remove the scratch directories under ``root`` (the temporary directory) whose process is gone (or a zombie);
+    what was removed. A directory of another user, a link, or one whose pid is alive (even if reused) is left."""
     root = Path(root or tempfile.gettempdir())
     removed = []
     try:
@@ -38,7 +40,7 @@ def sweep(root: Path | None = None) -> list[Path]:
         return removed
     for d in entries:
         m = _NAME.match(d.name)
-        if not m or _alive(int(m.group(1))):
+        if not m or alive(int(m.group(1))):
             continue
         try:
             st = d.lstat()
@@ -50,12 +52,3 @@ def sweep(root: Path | None = None) -> list[Path]:
         removed.append(d)
     return removed
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError, ValueError):
-        return True  # someone else's process (or not a pid we can ask about): not ours to judge
-    return True

@@ -38,7 +38,7 @@ def _healthy(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     """Running: a zombie (exited, not yet reaped by a parent or subreaper that never waits) is not."""
     try:
         os.kill(pid, 0)
@@ -72,7 +72,7 @@ def _supervisor_pid(home: Path) -> int | None:
 def info(home: Path) -> dict | None:
     """The running server's record ({url, pid, port, started}), None when none answers."""
     rec = _record(home)
-    return rec if rec is not None and _alive(rec["pid"]) and _healthy(rec["url"]) else None
+    return rec if rec is not None and alive(rec["pid"]) and _healthy(rec["url"]) else None
 
 
 @contextlib.contextmanager
@@ -104,9 +104,9 @@ def ensure(home: Path, idle_s: float, timeout_s: float = 180.0, progress=None) -
     home.mkdir(parents=True, exist_ok=True)
     with _flock(home / "start.lock", fcntl.LOCK_EX):
         rec = _record(home)
-        if rec is not None and _alive(rec["pid"]):  # its supervisor restarts a server that died: wait for it
+        if rec is not None and alive(rec["pid"]):  # its supervisor restarts a server that died: wait for it
             deadline = time.monotonic() + min(timeout_s, 60.0)  # a restart takes ~10 s
-            while time.monotonic() < deadline and _alive(rec["pid"]):
+            while time.monotonic() < deadline and alive(rec["pid"]):
                 if _healthy(rec["url"]):
                     return rec["url"]
                 time.sleep(0.25)
@@ -125,13 +125,13 @@ def ensure(home: Path, idle_s: float, timeout_s: float = 180.0, progress=None) -
             if rec is not None:
                 return rec["url"]
             pid = _supervisor_pid(home)
-            if proc.returncode != 0 or (pid is not None and not _alive(pid)):
+            if proc.returncode != 0 or (pid is not None and not alive(pid)):
                 break
             time.sleep(0.25)
         pid = _supervisor_pid(home)
-        alive = pid is not None and _alive(pid)
-        why = f"did not answer within {timeout_s:.0f} s" if alive else "exited"
-        if alive:
+        running = pid is not None and alive(pid)
+        why = f"did not answer within {timeout_s:.0f} s" if running else "exited"
+        if running:
             os.kill(pid, signal.SIGTERM)
         tail = (home / "server.log").read_text(errors="replace")[-2000:]
         raise EdgeplanError(f"the local Prefect server in {home} {why} (log {home / 'server.log'}):\n{tail}\nSet orchestration.prefect_server: ephemeral "
@@ -146,12 +146,12 @@ def stop(home: Path, timeout_s: float = 60.0) -> bool:
     if rec is None:
         return False
     pid = rec["pid"]
-    if not _alive(pid):
+    if not alive(pid):
         (home / "server.json").unlink(missing_ok=True)
         return False
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     return True
 
