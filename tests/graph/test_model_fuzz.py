@@ -3,6 +3,7 @@ ended in a traceback, an abort or a misleading line) through a real ``edgeplan c
 that holds another model's results; judged by exit status, stderr and a hash of every other file."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -27,6 +28,11 @@ EXPECTED = {
 }
 
 
+def _whole(rows) -> str:
+    """The violations as one string: pytest shows a string message whole, and cuts a list's repr short."""
+    return json.dumps(rows, default=str)
+
+
 def _fuzz_root(compiled, tmp_path):
     """(the bench module, an artifact root holding tiny_cnn's results, the commands' environment, a valid .keras)."""
     sys.path.insert(0, str(BENCH))
@@ -44,7 +50,7 @@ def test_broken_models_end_in_one_line_and_harm_nothing_else(compiled, tmp_path)
     kinds = tuple(EXPECTED)  # seed 2 draws 3e38 into conv4.w for huge-weight: the TFLite quantizer crashes on it
     r = _model_fuzz.run_model_fuzz(arts / "tiny_cnn" / "1" / "model.onnx", keras_path, arts, env, len(kinds),
                                    seed=2, work=tmp_path / "work", limit_s=240, kinds=kinds)
-    assert r["tried"] == len(kinds) and r["violations"] == 0, r["violated"]
+    assert r["tried"] == len(kinds) and r["violations"] == 0, _whole(r["violated"])
     assert r["tracebacks"] == 0 and r["collateral_damage"] == 0
     for row in r["rows"]:
         assert row["exit"] == 2, row
@@ -60,6 +66,6 @@ def test_a_broken_model_given_to_edgeplan_run_fails_its_flow_in_one_line(compile
     (tmp_path / "work").mkdir()
     r = _model_fuzz.run_model_fuzz(arts / "tiny_cnn" / "1" / "model.onnx", keras_path, arts, env, len(kinds), seed=2,
                                    work=tmp_path / "work", limit_s=240, kinds=kinds, command="run")
-    assert r["tried"] == 3 and r["violations"] == 0, r["violated"]
+    assert r["tried"] == 3 and r["violations"] == 0, _whole(r["violated"])
     for row, said in zip(r["rows"], ("not a readable ONNX model", "has a cycle through", EXPECTED["oversize"])):
         assert row["exit"] == 2 and said in row["message"] and row["stderr_lines"] == 1, row
