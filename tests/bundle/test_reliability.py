@@ -192,8 +192,8 @@ def test_store_faults_during_publish_pull_telemetry_and_dvc_push(campaign, two_b
         r = _store_faults.run_store_faults(c, 1, 17, faults=("restart", "resets"), down_ops=("telemetry", "dvc"))
     assert r["trials"] == 10 and r["violations"] == 0, _whole(r["violated"])
     downs = [row for row in r["rows"] if row["fault"] == "down"]
-    assert all(row["failed"] and row["message"].startswith("error:") for row in downs), downs
-    assert any("dvc push" in row["message"] and "Could not connect" in row["message"] for row in downs), downs
+    assert all(row["failed"] and row["message"].startswith("error:") for row in downs), _whole(downs)
+    assert any("dvc push" in row["message"] and "Could not connect" in row["message"] for row in downs), _whole(downs)
 
 
 # ---------------------------------------------------------------------------------------------- flow faults
