@@ -147,6 +147,13 @@ def _tree(root: Path, skip: Path) -> dict[str, str]:
             if p.is_file() and skip not in p.parents}
 
 
+def _traceback(err: str, lines: int = 40) -> str:
+    """The first traceback on ``err`` and the lines before it (what printed it), cut to ``lines`` lines."""
+    at = err.splitlines()
+    first = next(i for i, ln in enumerate(at) if "Traceback" in ln)
+    return "\n".join(at[max(0, first - 5):first + lines])
+
+
 def run_model_fuzz(onnx_path: Path, keras_path: Path, arts: Path, env: dict, trials: int, seed: int, work: Path,
                    limit_s: float = 300.0, kinds: tuple[str, ...] = KINDS, command: str = "compile") -> dict:
     """``trials`` broken models through ``edgeplan compile`` (``command`` "run": ``edgeplan run``, the whole flow
@@ -197,7 +204,8 @@ def run_model_fuzz(onnx_path: Path, keras_path: Path, arts: Path, env: dict, tri
             record(rows, violations, {"trial": i, "seed": seed, "kind": kind, "file": path.name, "exit": rc,
                                       "seconds": round(getattr(proc, "seconds", limit_s), 2),
                                       "message": errors[0][:300] if errors else err.strip()[-300:],
-                                      "stderr_lines": len(err.splitlines()), "violations": broke},
+                                      "stderr_lines": len(err.splitlines()), "violations": broke,
+                                      **({"traceback": _traceback(err)} if "Traceback" in err else {})},
                    "model fuzzing, inputs", trials)
             path.unlink()
     finally:

@@ -80,6 +80,10 @@ def cmd_run(args, params) -> int:
     if server not in (*PREFECT_SERVERS, "external"):
         raise EdgeplanError(f"orchestration.prefect_server (or EDGEPLAN_PREFECT_SERVER) is {server!r}; use "
                             f"{' or '.join(PREFECT_SERVERS)}, or set PREFECT_API_URL to a server of yours")
+    if server == "ephemeral" and not args.verbose:  # its process shares our stderr: a task-run event it still
+        # flushes as the command ends is cancelled, and logged with two tracebacks (now and then, when a flow fails
+        # at its first task); the local server logs to its own file
+        os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
     key = ensure_key(params, args.key)
     with contextlib.ExitStack() as stack:
         if server == "local":
@@ -399,7 +403,8 @@ def register(sub) -> None:
                         "rerun then spends no time starting one), and the server stops itself after "
                         "orchestration.prefect_server_idle_s without a run. `status` shows it, `stop` stops it (after "
                         "any running `edgeplan run`). orchestration.prefect_server: ephemeral (or "
-                        "EDGEPLAN_PREFECT_SERVER=ephemeral) uses Prefect's ephemeral server, started per command.")
+                        "EDGEPLAN_PREFECT_SERVER=ephemeral) uses Prefect's ephemeral server, started per command (its "
+                        "log shows under -v only).")
     sp.add_argument("action", choices=("status", "stop"))
     sp.add_argument("--out", default="artifacts", help="the artifact root of the runs (default: artifacts); the server "
                     "lives in .edgeplan/prefect beside it")

@@ -60,7 +60,9 @@ def test_broken_models_end_in_one_line_and_harm_nothing_else(compiled, tmp_path)
 def test_a_broken_model_given_to_edgeplan_run_fails_its_flow_in_one_line(compiled, tmp_path):
     """Regression (campaign 4 through ``edgeplan run``): the flow failed with the same one error line at its end,
     but before it Prefect's run loggers printed the ingest task's traceback, a "NotReady" line for every task
-    downstream, and the events worker's flush warning. The whole flow runs here, on its local Prefect server."""
+    downstream, and the events worker's flush warning; and (CI of stop 45) the ephemeral server's own process, which
+    shares the command's stderr, logged a cancelled event flush with two tracebacks as the command ended. The whole
+    flow runs here, on the ephemeral Prefect server the tests choose (conftest)."""
     _model_fuzz, arts, env, keras_path = _fuzz_root(compiled, tmp_path)
     kinds = ("truncate", "cycle", "oversize")
     (tmp_path / "work").mkdir()
