@@ -440,9 +440,7 @@ def print_profile(prof) -> None:
         console.print(f"load capacity (FlashMem): {len(lc.layers)} streaming layers timed alone, beside a loader at "
                       f"{'/'.join(f'{r:g}' for r in lc.rates_mb_s)} MB/s and beside a build, {lc.rounds} rounds; "
                       "median slowdown at the fastest rate: "
-                      + ", ".join(f"{c} {v:.2f} ({len(by[c])})" for c, v in med.items())
-                      + (f"; an interpreter's fixed part {lc.interpreter_bytes / 1024:.0f} KiB"
-                         if lc.interpreter_bytes else ""))
+                      + ", ".join(f"{c} {v:.2f} ({len(by[c])})" for c, v in med.items()))
     if prof.tpu_model:
         m = prof.tpu_model
         console.print(f"emulated Edge TPU: efficiency {m['efficiency']:.3f} of {m['peak_macs_per_s'] / 1e12:g}e12 MAC/s, "

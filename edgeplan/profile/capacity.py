@@ -71,7 +71,6 @@ class LoadCapacity:
     probe_ms: float  # the speed probe's median in the same rounds
     rounds: int
     rss_built_bytes: int = 0  # measured: the resident set all layers' interpreters added, built at once
-    interpreter_bytes: int = 0  # measured: one interpreter's fixed part (``_interpreter_bytes``); 0: not measured
 
 
 class _Pressure:
@@ -206,7 +205,6 @@ def measure(segments: list[tuple[str, str, int, bytes]], scratch: Path, probe: P
         built[i] = max(0, rss() - r0)
         its[i] = it
     rss_built = max(0, rss() - before)
-    fixed = _interpreter_bytes(min((s[3] for s in segments), key=len), Interpreter)
     arenas = [arena_bytes(it) for it in its]
     for it in its:
         random_inputs(it, rng)
@@ -240,24 +238,7 @@ def measure(segments: list[tuple[str, str, int, bytes]], scratch: Path, probe: P
         med = [statistics.median(ts) for ts in times[i]]
         layers.append(LayerLoad(i, name, op, op_class(op), weight, len(blob), med[0], tuple(med[1:-1]), med[-1],
                                 builds[i], built[i], arenas[i]))
-    return LoadCapacity(tuple(rates_mb_s), tuple(layers), statistics.median(probe_times), rounds, rss_built, fixed)
-
-
-def _interpreter_bytes(smallest: bytes, interpreter, copies: int = 32) -> int:
-    """The fixed part of one interpreter's built resident set, in every layer's measured ``built_bytes``: what
-    each of ``copies`` interpreters of the model's smallest segment (about 1 KB of ops and weights) adds, built
-    and kept together. A merged segment holds it once for all its layers: on the bench's plans (DenseNet201,
-    ResNet50V2, 21-34 segments) counting it once per segment predicted the measured peak within 1-2 % (83 KB
-    here), where the per-layer sum over-predicted DenseNet201's by 20 %; the saving measured on segments cut
-    4-55 layers long grows with their length (74-174 KB a layer), and that larger figure under-predicted by
-    15-24 %."""
-    its = []
-    r0 = rss()
-    for _ in range(copies):
-        it = interpreter(model_content=smallest, num_threads=1)
-        it.allocate_tensors()
-        its.append(it)
-    return max(0, rss() - r0) // copies
+    return LoadCapacity(tuple(rates_mb_s), tuple(layers), statistics.median(probe_times), rounds, rss_built)
 
 
 def capacity(layer: LayerLoad, rates_mb_s: tuple[float, ...], chunk_bytes: int,

@@ -99,29 +99,3 @@ def test_a_merged_run_reads_its_weights_before_it_starts(solved):
         assert all(ld.layer in start and start[ld.layer] < seg[w.layer] for ld in w.loads)
         assert w.build_layer in start and start[w.build_layer] < seg[w.layer]
         assert w.build_layer >= max(ld.layer for ld in w.loads)
-
-
-@pytest.mark.parametrize("fixed_kib", [0, 80])
-def test_a_merged_segment_holds_its_weights_until_it_has_run_and_one_interpreter(fixed_kib):
-    """Six layers of 64 KiB weights whose builds measured 100 KiB each, in three segments of two: the first
-    preloaded, the next two read and built a segment ahead. Each segment's weights stay until its last layer has
-    run (the runtime drops a segment whole), and an interpreter's fixed part counts once per segment."""
-    from edgeplan.plan.flashmem.plan import Ledger, Load, WeightPlan, finish
-
-    kib = 1024
-    problem = Problem(tuple(Layer(f"l{i}", 64 * kib, 1.0, "reusable", 4, 50.0, build_ms=1.0, built_bytes=100 * kib)
-                            for i in range(6)), chunk_bytes=64 * kib, m_peak=10 << 20,
-                      interpreter_bytes=fixed_kib * kib)
-    weights = [WeightPlan(0, "l0", 64 * kib, 1, True), WeightPlan(1, "l1", 64 * kib, 1, True),
-               WeightPlan(2, "l2", 64 * kib, 1, False, (Load(0, 1),), 1),
-               WeightPlan(3, "l3", 64 * kib, 1, False, (Load(1, 1),), 1),
-               WeightPlan(4, "l4", 64 * kib, 1, False, (Load(2, 1),), 3),
-               WeightPlan(5, "l5", 64 * kib, 1, False, (Load(3, 1),), 3)]
-    ledger = Ledger(problem)
-    for w in weights:
-        ledger.commit(w)
-    plan = finish(problem, ledger, weights, [])
-    out = shifted(problem, plan, [(0, 1), (2, 3), (4, 5)])
-    segment = 2 * (64 + 100) - fixed_kib  # two weights read and built, one interpreter
-    assert [b // kib for b in out.resident_bytes] == [2 * segment] * 4 + [segment] * 2
-    assert [(w.build_layer, w.loads) for w in out.weights[2:]] == [(0, (Load(0, 1),))] * 2 + [(2, (Load(2, 1),))] * 2

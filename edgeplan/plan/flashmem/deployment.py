@@ -58,7 +58,7 @@ def problem(info: StreamInfo, load: cap.LoadCapacity, settings: dict, m_peak: in
                             layer.build_ms, layer.built_bytes or None, layer.arena_bytes))
     return Problem(tuple(layers), chunk, m_peak, lam=float(settings["lambda"]), objective=settings["objective"],
                    window=int(settings["window"]), lookback=int(settings["lookback"]),
-                   time_limit_s=float(settings["time_limit_s"]), interpreter_bytes=load.interpreter_bytes)
+                   time_limit_s=float(settings["time_limit_s"]))
 
 
 def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None,

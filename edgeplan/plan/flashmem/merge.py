@@ -12,10 +12,7 @@ run in, as long as the plan, shifted to what the runtime then does, still fits M
   its build, moves to the segment before it (``plan.run_loads``, the rule the runtime's loader follows);
 - a read the plan placed at a layer inside the run, for a later segment, happens when the run starts;
 - the run's arena is the largest of its layers', held while any of them runs;
-- a preloaded weight inside a run that streams is read with the run (the runtime reads the segment whole);
-- every weight of the run stays resident until the run's last layer has run (the runtime drops a segment
-  whole), and the run's weights count one interpreter's fixed part (``Problem.interpreter_bytes``, measured)
-  once, where their builds, measured one interpreter each, count it once each.
+- a preloaded weight inside a run that streams is read with the run (the runtime reads the segment whole).
 
 The shifted plan replaces the solver's: its loads and builds are where the runtime acts, its ``resident_bytes``
 the prediction set beside the measured peak, its over-capacity recounted. Stdlib only.
@@ -32,29 +29,24 @@ def shifted(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]]) ->
     """``plan`` as the runtime carries it out over the segments ``runs`` (``plan.run_loads``; see the module
     docstring)."""
     by_layer = {w.layer: w for w in plan.weights}
-    per_run = []  # the weights of each run, as the runtime carries them out
+    weights = []
     for (a, b), run in zip(runs, run_loads(plan, runs)):
         ws = [by_layer[i] for i in range(a, b + 1) if i in by_layer]
         if run is None:  # read and built before the first invoke
-            per_run.append([replace(w, preload=True, loads=(), build_layer=None) for w in ws])
+            weights += [replace(w, preload=True, loads=(), build_layer=None) for w in ws]
             continue
         first = min(pos for at in run.reads.values() for pos in at)
-        at = {w.layer: run.reads.get(w.layer, {first: w.chunks}) for w in ws}  # a preloaded weight: with the run
-        per_run.append([replace(w, preload=False, loads=tuple(Load(runs[pos][0], c) for pos, c in
-                                                              sorted(at[w.layer].items())),
-                                build_layer=runs[run.build][0]) for w in ws])
+        for w in ws:  # a preloaded weight is read with the run, at its first read
+            at = run.reads.get(w.layer, {first: w.chunks})
+            weights.append(replace(w, preload=False, loads=tuple(Load(runs[pos][0], c) for pos, c in sorted(at.items())),
+                                   build_layer=runs[run.build][0]))
     ledger = Ledger(problem)
-    fixed = problem.interpreter_kib
-    for (a, b), ws in zip(runs, per_run):
-        top = max(problem.arena_kib(layer) for layer in range(a, b + 1))  # its arena: its largest layer's
+    for a, b in runs:  # a segment's arena: its largest layer's, while any of its layers runs
+        top = max(problem.arena_kib(layer) for layer in range(a, b + 1))
         for layer in range(a, b + 1):
             ledger.mem[layer] += top - problem.arena_kib(layer)
-        for w in ws:  # held until the segment has run
-            ledger.commit(w, until=b)
-        if fixed and len(ws) > 1:  # one interpreter: its layers' measured builds hold the fixed part once each
-            for layer in range(0 if ws[0].preload else ws[0].build_layer, b + 1):
-                ledger.mem[layer] -= (len(ws) - 1) * fixed
-    weights = [w for ws in per_run for w in ws]
+    for w in weights:
+        ledger.commit(w)
     over_read = sum(max(0, -ledger.read_room(layer)) for layer in range(problem.n))
     over_build = sum(max(0, -ledger.build_room(layer)) for layer in range(problem.n))
     return replace(plan, weights=tuple(weights), resident_bytes=tuple(m * KIB for m in ledger.mem),

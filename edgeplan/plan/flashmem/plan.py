@@ -87,23 +87,20 @@ class Ledger:
         self.read = [0] * n
         self.build = [0] * n
 
-    def commit(self, w: WeightPlan, until: int | None = None) -> None:
-        """``w`` resident until layer ``until`` has run (its own layer unless said: a merged segment holds all
-        its weights until its last layer)."""
+    def commit(self, w: WeightPlan) -> None:
         p, i = self.problem, w.layer
-        end = i if until is None else until
         if w.preload:
-            for ell in range(end + 1):
+            for ell in range(i + 1):
                 self.mem[ell] += p.full_kib(i)
             return
         ck = p.chunk_kib(i)
         for load in w.loads:
             self.read[load.layer] += load.chunks * ck
-            for ell in range(load.layer, end + 1):
+            for ell in range(load.layer, i + 1):
                 self.mem[ell] += load.chunks * ck
         if w.build_layer is not None:
             self.build[w.build_layer] += p.build_us(i)
-            for ell in range(w.build_layer, end + 1):
+            for ell in range(w.build_layer, i + 1):
                 self.mem[ell] += p.packed_kib(i)
 
     def copy(self) -> "Ledger":

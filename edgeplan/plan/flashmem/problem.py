@@ -11,8 +11,8 @@ Departures from the paper, each because the CPU differs:
 - M_peak bounds *everything* resident for the model's weights at a layer, preloaded weights included
   (the paper's M_peak excludes the persistent preloaded set W; here a preloaded segment is dropped after
   its use like any other, and the device class's RAM budget is one number). A weight counts from its first
-  chunk read (or from the start, when preloaded) until its layer has run (its whole segment, once segments
-  are merged: ``merge.shifted``); once built, its packed copy (``packed_factor`` x its bytes) counts too.
+  chunk read (or from the start, when preloaded) until its layer has run; once built, its packed copy
+  (``packed_factor`` x its bytes) counts too.
 - C3 has two capacities per layer: bytes read (``capacity_chunks`` x S) and build time
   (``capacity_build_ms``), because a build, not a read, is what slows the compute thread here.
 
@@ -59,7 +59,6 @@ class Problem:
     packed_factor: float = 1.0  # bytes of a built segment beyond its read weights, per weight byte
     time_limit_s: float = 10.0  # per CP-SAT solve
     workers: int = 2
-    interpreter_bytes: int = 0  # the fixed part of one built interpreter, in each layer's measured built bytes
 
     def __post_init__(self) -> None:
         if self.chunk_bytes <= 0:
@@ -99,10 +98,6 @@ class Problem:
     def full_kib(self, i: int) -> int:
         """KiB layer i's weight occupies once read and built."""
         return self.chunks(i) * self.chunk_kib(i) + self.packed_kib(i)
-
-    @property
-    def interpreter_kib(self) -> int:
-        return self.interpreter_bytes // KIB
 
     def arena_kib(self, i: int) -> int:
         return math.ceil(self.layers[i].arena_bytes / KIB)
