@@ -95,7 +95,7 @@ def build(root: Path, name: str, params: dict) -> Bundle:
             raise ArtifactError(f"{d}: {why}; nothing of it is published (see {d / 'verify.json'}, "
                                 "re-run `edgeplan compile`)")
         excluded = excluded_points(d, params)
-        refused = ({pm.point} | {r.points[i] for r in plan.regimes}) & set(excluded)
+        refused = ({pm.point} | {r.points[i] for r in plan.stable_regimes()}) & set(excluded)
         if refused:
             raise ArtifactError(f"{plan_path}: plans {pm.name} at points {sorted(refused)}, which failed the "
                                 "accuracy gate; re-plan")

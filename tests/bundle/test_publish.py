@@ -221,3 +221,23 @@ def test_a_schema_1_manifest_is_still_read_and_schema_2_carries_the_plans_map(de
 
         with pytest.raises(BundleVerificationError, match="plans"):
             check(Manifest.parse(bad.encoded(), trusted, "bad"), "bad")
+
+
+def test_a_plan_with_an_unstable_rate_regime_builds(deployment_root, tmp_path):
+    """Regression (stop 46's CI, the overload test's publish): a rate regime no configuration keeps stable has no
+    points and no cores, and the build's accuracy-gate check indexed them (IndexError). How many regimes are
+    unstable depends on the profile's times, so on how fast the machine was when it measured them."""
+    from dataclasses import replace
+
+    from edgeplan.plan.swapless.plan import Regime, SwapLessPlan
+
+    root, params = deployment_root
+    copy = tmp_path / "root"
+    shutil.copytree(root, copy)
+    path = copy / "deployments" / "solo" / "plans" / "swapless.json"
+    plan = SwapLessPlan.load(path)
+    unstable = Regime(tuple(1e6 for _ in plan.models), (), (), None)
+    replace(plan, regimes=(*plan.regimes, unstable)).save(path)
+    bundle = build(copy, "solo", params)
+    assert "deployments/solo/plans/swapless.json" in {r.name for r in bundle.refs}
+    assert SwapLessPlan.load(path).stable_regimes() == plan.stable_regimes()

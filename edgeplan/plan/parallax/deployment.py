@@ -87,7 +87,7 @@ def _stage_record(d: Path) -> dict:
 
 def _max_cores(swapless, model: str) -> int:
     i = [m.name for m in swapless.models].index(model)
-    return max([swapless.models[i].cores, *(r.cores[i] for r in swapless.regimes)])
+    return max([swapless.models[i].cores, *(r.cores[i] for r in swapless.stable_regimes())])
 
 
 def _io_names(data: bytes) -> tuple[str, str]:

@@ -65,6 +65,11 @@ class SwapLessPlan(_Record):
     tpu_source: str = "emulated"
     schema_version: int = 1
 
+    def stable_regimes(self) -> tuple[Regime, ...]:
+        """The rate regimes with a configuration (a regime whose rates no configuration keeps stable has no
+        points and no cores: how often depends on the profile's times, so on the machine that measured it)."""
+        return tuple(r for r in self.regimes if r.points)
+
 
 def figure_sources(point: int, last: int, tpu_source: str) -> str:
     """What a predicted latency at ``point`` is made of: the Edge TPU prefix (point > 0; EMULATED in
