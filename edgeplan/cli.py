@@ -855,6 +855,41 @@ def main(argv: list[str] | None = None) -> int:
         # escaped: a message quoting a shape ("[1, 17, 17, 1088]") is not rich markup
         err.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         return 2
+    except KeyboardInterrupt:
+        err.print("[bold red]interrupted[/] (what a stage had finished is kept; a rerun resumes from it)",
+                  highlight=False)
+        return 130
+    except Exception as e:  # a fault of edgeplan or a library: one line here, the traceback in a log file
+        path = crash_log(args, e)
+        first = (str(e).splitlines() or [""])[0][:300]
+        err.print(f"[bold red]error:[/] internal error {escape(type(e).__name__)}: {escape(first)} (the traceback "
+                  f"is in {escape(str(path))}; please report it)", highlight=False, soft_wrap=True)
+        return 70  # EX_SOFTWARE: not the input's fault (2)
+
+
+def crash_log(args, exc: BaseException) -> Path:
+    """Write ``exc``'s traceback to a log file and return its path: ``ARTIFACT_DIR/logs/`` for a command on an
+    artifact directory (or on one --out/--name/--version already names), else ``.edgeplan/logs/`` here, else the
+    temporary directory when neither can be written."""
+    import tempfile
+    import time
+    import traceback
+
+    artifact = getattr(args, "artifact_dir", None)
+    if artifact is None and all(isinstance(getattr(args, k, None), str) for k in ("out", "name", "version")):
+        artifact = Path(args.out) / args.name / args.version
+    dirs = [Path(artifact) / "logs"] if artifact and (Path(artifact) / "model.json").is_file() else []
+    dirs += [Path(".edgeplan") / "logs", Path(tempfile.gettempdir()) / "edgeplan-logs"]
+    name = f"crash-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log"
+    text = f"edgeplan {' '.join(sys.argv[1:])}\n\n" + "".join(traceback.format_exception(exc))
+    for d in dirs:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            (d / name).write_text(text)
+            return (d / name).resolve()
+        except OSError:
+            continue
+    return Path("<no log: nowhere to write one>")
 
 
 if __name__ == "__main__":

@@ -86,3 +86,25 @@ def deployment_root(compiled, tmp_path_factory):
                               "work_pool": "coral-usb-emulated"}]
     plan_swapless(root, "solo", p)
     return root, p
+
+
+@pytest.fixture
+def modern_keras(tmp_path):
+    """A Keras 3 model with the blocks of ConvNeXt / MobileNetV3 / EfficientNet: a grouped convolution (Keras 3
+    compiles it with XLA: a function call in the converted graph), LayerNormalization, exact GELU (Erfc),
+    hard-swish, SiLU and a squeeze-excite gate."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((16, 16, 8))
+    h = keras.layers.Conv2D(8, 3, padding="same", groups=8)(inp)
+    h = keras.layers.LayerNormalization(epsilon=1e-6)(h)
+    h = keras.layers.Activation("gelu")(h)
+    h = keras.layers.Conv2D(16, 1, activation="hard_swish")(h)
+    s = keras.layers.GlobalAveragePooling2D(keepdims=True)(h)
+    s = keras.layers.Conv2D(16, 1, activation="sigmoid")(keras.layers.Conv2D(4, 1, activation="silu")(s))
+    h = keras.layers.Multiply()([h, s])
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    km = keras.Model(inp, keras.layers.Dense(5)(h))
+    km.save(tmp_path / "modern.keras")
+    return tmp_path / "modern.keras", km

@@ -70,6 +70,30 @@ def test_analyze_branches_prints_the_parallax_layers(tmp_path, capsys):
     assert "0 of them parallel (largest: 1 branches)" in capsys.readouterr().out
 
 
+def test_an_unexpected_exception_is_one_line_and_its_traceback_a_log_file(tmp_path, capsys, monkeypatch):
+    """A fault inside edgeplan or a library is not the input's: one line, exit 70, the traceback in
+    ARTIFACT_DIR/logs/ (or .edgeplan/logs/ where no artifact directory is named)."""
+    from edgeplan import cli
+
+    class Broken:
+        def verify(self, *a):
+            raise ValueError("boom\nsecond line")
+
+    monkeypatch.setattr(cli, "_stages", lambda: Broken())
+    monkeypatch.chdir(tmp_path)
+    art = tmp_path / "out" / "m" / "1"
+    art.mkdir(parents=True)
+    (art / "model.json").write_text("{}")
+    for argv, logs in ((["verify", str(art)], art / "logs"), (["verify", str(tmp_path / "none")], None)):
+        assert main(argv) == 70
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: internal error ValueError: boom (the traceback is in ")
+        path = Path(lines[0].split("the traceback is in ")[1].split(";")[0])
+        assert path.parent == (logs or tmp_path / ".edgeplan" / "logs").resolve()
+        text = path.read_text()
+        assert "Traceback (most recent call last)" in text and "ValueError: boom" in text and "second line" in text
+
+
 def test_bad_input_exits_2_with_a_message(tmp_path, capsys):
     assert main(["compile", str(tmp_path / "missing.onnx"), "--name", "x", "--version", "1", "--out", str(tmp_path)]) == 2
     assert "missing.onnx: no such file" in capsys.readouterr().err
@@ -78,3 +102,15 @@ def test_bad_input_exits_2_with_a_message(tmp_path, capsys):
     assert "junk.onnx" in capsys.readouterr().err
     assert main(["compile", "zoo:nope", "--name", "x", "--version", "1", "--out", str(tmp_path)]) == 2
     assert "no such zoo model" in capsys.readouterr().err
+
+
+def test_a_keras_3_model_with_modern_blocks_compiles_and_verifies(tmp_path, modern_keras):
+    """Grouped convolution (a function call in Keras 3's graph), LayerNormalization, exact GELU, hard-swish, SiLU
+    and squeeze-excite: ingest inlines the call and converts Erfc; the int8 conversion writes Erf as tanh and
+    1/sqrt as a power, which LiteRT runs (an int8 DIV by a standard deviation near zero did not). Before: ingest
+    failed with a UnicodeDecodeError, then the int8 model did not run."""
+    proc = _edgeplan("compile", str(modern_keras[0]), "--name", "modern", "--version", "1", "--out", "out", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "verify passed" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "out" / "modern" / "1" / "verify.json").read_text())
+    assert report["ok"] and all(p["int8_identical_fraction"] == 1.0 for p in report["points"])

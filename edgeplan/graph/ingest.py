@@ -20,10 +20,11 @@ from onnx import shape_inference
 from edgeplan.errors import (
     CorruptModelError,
     DynamicShapeError,
+    EdgeplanError,
     ModelNotFoundError,
     UnsupportedModelError,
 )
-from edgeplan.graph import wire
+from edgeplan.graph import tf_ops, wire
 from edgeplan.graph.model import data_in_place
 
 log = logging.getLogger(__name__)
@@ -172,7 +173,8 @@ def _bounded_tf2onnx() -> None:
     - grappler (``tf_optimize_grappler`` -> TensorFlow's ``OptimizeGraph``: 10 GB in 45 s, with or without
       its constant folding): skipped. Folding happens on the ONNX graph instead (tf2onnx's ConstFoldOptimizer
       and ``canonicalise``'s onnx-graphsurgeon folding), and the Keras function is already inlined when it is
-      frozen (``convert_variables_to_constants_v2``, aggressive inlining);
+      frozen (``convert_variables_to_constants_v2``, aggressive inlining). Only the function calls a Keras 3
+      layer keeps (``PartitionedCall``) are inlined, on graphs without weights (``tf_ops.inline_functions``);
     - tf2onnx's optimizer loop: every pass writes every node back to its NodeProto (``Node.update_proto``),
       and with the upb protobuf runtime the previous copy of a Const's tensor stays in the NodeProto's arena
       until the node dies: +553 MB per pass. A Const whose ``value`` attribute object has not been replaced
@@ -184,7 +186,8 @@ def _bounded_tf2onnx() -> None:
 
     if getattr(Node.update_proto, "_edgeplan", False):
         return
-    tf_loader.tf_optimize_grappler = lambda input_names, output_names, graph_def: graph_def
+    tf_loader.tf_optimize_grappler = tf_ops.inline_functions  # function calls only, on graphs without weights
+    tf_ops.register_handlers()
     os.environ[constants.ENV_TF2ONNX_CATCH_ERRORS] = "false"  # present = no deep copies (tf2onnx 1.17)
     original = Node.update_proto
 
@@ -231,8 +234,11 @@ def _from_keras(path: Path, input_shape) -> onnx.ModelProto:
         if hasattr(km, "stateless_call"):
             held = [km]
             del km  # the conversion frees the model once it has its weights: no reference may stay here
-            return _stateless_keras(held, sig, nchw)
+            return _stateless_keras(held, sig, nchw, path)
         model, _ = tf2onnx.convert.from_keras(km, input_signature=sig, opset=OPSET, inputs_as_nchw=nchw)
+        _refuse_unknown_ops(model, path, "tf2onnx has no conversion for")
+    except EdgeplanError:
+        raise
     except Exception as e:
         raise UnsupportedModelError(f"{path}: tf2onnx could not convert it ({type(e).__name__}: {e}).") from e
     del km
@@ -243,7 +249,7 @@ def _from_keras(path: Path, input_shape) -> onnx.ModelProto:
 WEIGHT = "edgeplan_weight_"
 
 
-def _stateless_keras(held: list, sig, nchw) -> onnx.ModelProto:
+def _stateless_keras(held: list, sig, nchw, source) -> onnx.ModelProto:
     """A Keras 3 model to ONNX without freezing its variables into constants (TensorFlow's freezing took +5.1
     GB for VGG16's 553 MB): its ``stateless_call`` is converted with every variable as a function input,
     so the converted graph holds no weights; the weights become initializers afterwards, the Keras model is
@@ -267,6 +273,7 @@ def _stateless_keras(held: list, sig, nchw) -> onnx.ModelProto:
         return km.stateless_call(list(ws[:n_trainable]), list(ws[n_trainable:]), x, training=False)[0]
 
     model, _ = tf2onnx.convert.from_function(call, input_signature=specs, opset=OPSET, inputs_as_nchw=nchw)
+    _refuse_unknown_ops(model, source, "tf2onnx has no conversion for")
     g = model.graph
     names = {i.name for i in g.input}
     transposed = _lone_transposes(g, names)
@@ -386,6 +393,9 @@ def _from_saved_model(path: Path, input_shape) -> onnx.ModelProto:
     wrapped = tf.function(lambda x: fn(**{arg: x})[output_key], input_signature=sig)
     try:
         model, _ = tf2onnx.convert.from_function(wrapped, input_signature=sig, opset=OPSET, inputs_as_nchw=nchw)
+        _refuse_unknown_ops(model, path, "tf2onnx has no conversion for")
+    except EdgeplanError:
+        raise
     except Exception as e:
         raise UnsupportedModelError(f"{path}: tf2onnx could not convert it ({type(e).__name__}: {e}).") from e
     _captures_as_constants(model, wrapped)
@@ -691,14 +701,7 @@ def _screen(model: onnx.ModelProto, source: str) -> None:
     for o in model.opset_import:
         if o.domain in ("", "ai.onnx") and o.version > newest:
             raise UnsupportedModelError(f"{source}: opset {o.version}; this onnx reads opsets up to {newest}.")
-    for n in g.node:
-        if n.domain not in ("", "ai.onnx"):
-            raise UnsupportedModelError(f"{source}: node {_shown(n.name)} is op {_shown(n.op_type)} of domain "
-                                        f"{_shown(n.domain)}; "
-                                        "edgeplan converts standard ONNX ops only.")
-        if not onnx.defs.has(n.op_type):
-            raise UnsupportedModelError(f"{source}: node {_shown(n.name)} is op {_shown(n.op_type)}, which ONNX "
-                                        "does not define.")
+    _refuse_unknown_ops(model, source, "ONNX does not define")
     cycle = _cycle(g)
     if cycle:
         raise CorruptModelError(f"{source}: the graph has a cycle through node{'s' if len(cycle) > 1 else ''} "
@@ -720,6 +723,23 @@ def _screen(model: onnx.ModelProto, source: str) -> None:
     if count > MAX_INPUT_ELEMENTS:
         raise UnsupportedModelError(f"{source}: input {_shown(inp.name)} of shape {shape} holds {count:,} values; "
                                     f"edgeplan takes at most {MAX_INPUT_ELEMENTS:,} per input.")
+
+
+def _refuse_unknown_ops(model: onnx.ModelProto, source: str, why: str) -> None:
+    """Refuse a model with nodes whose op standard ONNX does not define (another domain, or a name ONNX lacks:
+    what tf2onnx leaves of a TensorFlow op it cannot convert), naming every such op, how many nodes and which."""
+    unknown: dict[str, list[str]] = {}
+    for n in model.graph.node:
+        if n.domain not in ("", "ai.onnx") or not onnx.defs.has(n.op_type):
+            op = _shown(n.op_type) + (f" (domain {_shown(n.domain)})" if n.domain not in ("", "ai.onnx") else "")
+            unknown.setdefault(op, []).append(n.name)
+    if not unknown:
+        return
+    parts = [f"{op} x{len(names)} ({', '.join(_shown(x, 60) for x in names[:2])}{', ...' if len(names) > 2 else ''})"
+             for op, names in sorted(unknown.items(), key=lambda kv: -len(kv[1]))]
+    raise UnsupportedModelError(f"{source}: {why} {'these ops' if len(parts) > 1 else 'this op'}: "
+                                f"{'; '.join(parts[:6])}{'; ...' if len(parts) > 6 else ''}. edgeplan converts "
+                                "standard ONNX ops only.")
 
 
 def _cycle(g) -> list[str]:

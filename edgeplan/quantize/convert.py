@@ -49,6 +49,7 @@ def check_convertible(model: onnx.ModelProto, source: str) -> None:
 
 def _onnx2tf(onnx_path: Path, out_dir: Path, timeout: float, source: Path | None = None) -> None:
     # onnx2tf's own command line (its main()), in a child that stops it once the SavedModel is written
+    _int8_rewrites(onnx_path)
     cmd = [sys.executable, "-c", _ONNX2TF, "-i", str(onnx_path), "-o", str(out_dir / "saved_model"), "-b", "1",
            "--not_use_onnxsim", "-v", "error"]
     # onnx2tf checks its conversion on a sample image it would otherwise download: give it one.
@@ -61,6 +62,73 @@ def _onnx2tf(onnx_path: Path, out_dir: Path, timeout: float, source: Path | None
         raise ConversionError(f"{source or onnx_path}: onnx2tf did not finish within {timeout:.0f} s") from e
     if proc.returncode != 0 or not (out_dir / "saved_model" / "saved_model.pb").is_file():
         raise ConversionError(_explain_failure(onnx_path, proc.stdout + proc.stderr, source))
+
+
+# erf(x) ~ tanh(x (A + B x^2)): the tanh form of GELU (A = 2/sqrt(pi); |error| <= 3.6e-4 over the reals)
+ERF_TANH = (1.1283791671, 0.1009109)
+
+
+def _int8_rewrites(path: Path) -> None:
+    """Rewrite, in the file onnx2tf is given (a copy), what would make an int8 model LiteRT refuses to run. The
+    float model (ONNX, run by onnxruntime) keeps its exact ops.
+    - ``Erf`` (exact GELU: ConvNeXt) becomes ``tanh(x (A + B x^2))``. TFLite has no Erf kernel, and the usual
+      builtin-op form (Abramowitz-Stegun, onnx2tf's ``-rtpo Erf``) divides by ``|x| + 1e-11``, which int8 rounds
+      to zero near x = 0. Mul, Add and Tanh have int8 kernels (and Edge TPU ones); the error is far below int8's
+      step (1/128 on [-1, 1]).
+    - ``Reciprocal(Sqrt(v))`` (LayerNormalization's 1/sqrt(variance + eps)) becomes ``Pow(v, -0.5)``: as a
+      reciprocal it is an int8 DIV whose divisor, a small standard deviation, rounds to zero (LiteRT: "data[i] !=
+      zero_point"); POW has no int8 kernel and stays a float island."""
+    if not _mentions(path, (b"\x22\x03Erf", b"\x22\x0aReciprocal")):  # NodeProto.op_type (field 4) as written
+        return  # (most models: the file is read in pieces, never held whole)
+    m = onnx.load(str(path), load_external_data=False)  # (external data, if any, stays where the file says)
+    readers: dict[str, int] = {}
+    for n in m.graph.node:
+        for x in n.input:
+            readers[x] = readers.get(x, 0) + 1
+    producer = {o: n for n in m.graph.node for o in n.output}
+    sqrt_of = {n.output[0]: producer.get(n.input[0]) for n in m.graph.node if n.op_type == "Reciprocal"}
+    sqrt_of = {k: p for k, p in sqrt_of.items() if p is not None and p.op_type == "Sqrt" and readers[p.output[0]] == 1}
+    if not sqrt_of and not any(n.op_type == "Erf" for n in m.graph.node):
+        return
+    from onnx import helper, numpy_helper
+
+    a, b, half = "edgeplan_erf_a", "edgeplan_erf_b", "edgeplan_minus_half"
+    m.graph.initializer.extend([numpy_helper.from_array(np.array(v, np.float32), k)
+                                for k, v in ((a, ERF_TANH[0]), (b, ERF_TANH[1]), (half, -0.5))])
+    roots = {k: p.input[0] for k, p in sqrt_of.items()}  # Reciprocal output -> the Sqrt's input
+    roots_out = {p.output[0] for p in sqrt_of.values()}
+    nodes = []
+    for n in m.graph.node:
+        if n.op_type == "Sqrt" and n.output[0] in roots_out:
+            continue
+        if n.op_type == "Reciprocal" and n.output[0] in roots:
+            nodes.append(helper.make_node("Pow", [roots[n.output[0]], half], [n.output[0]], name=n.name))
+            continue
+        if n.op_type != "Erf":
+            nodes.append(n)
+            continue
+        x, y, t = n.input[0], n.output[0], f"{n.name or n.output[0]}/edgeplan_erf"
+        nodes += [helper.make_node("Mul", [x, x], [f"{t}_x2"], name=f"{t}_x2"),
+                  helper.make_node("Mul", [f"{t}_x2", b], [f"{t}_bx2"], name=f"{t}_bx2"),
+                  helper.make_node("Add", [f"{t}_bx2", a], [f"{t}_p"], name=f"{t}_p"),
+                  helper.make_node("Mul", [x, f"{t}_p"], [f"{t}_u"], name=f"{t}_u"),
+                  helper.make_node("Tanh", [f"{t}_u"], [y], name=n.name or f"{t}_tanh")]
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    onnx.save(m, str(path))
+
+
+def _mentions(path: Path, needles: tuple[bytes, ...], chunk: int = 1 << 24) -> bool:
+    """Whether any of ``needles`` occurs in the file (read in chunks that overlap by the longest needle)."""
+    keep = max(len(x) for x in needles) - 1
+    tail = b""
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            data = tail + block
+            if any(x in data for x in needles):
+                return True
+            tail = data[-keep:]
+    return False
 
 
 def _explain_failure(onnx_path: Path, output: str, source: Path | None = None) -> str:

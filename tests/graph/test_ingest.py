@@ -316,3 +316,29 @@ def test_a_keras_application_is_the_same_model_whatever_the_hash_seed(tmp_path):
     finally:
         shutil.rmtree(fixed, ignore_errors=True)
     assert len(got) == 1
+
+
+def test_keras_3_modern_blocks_ingest_to_standard_onnx_with_the_keras_outputs(modern_keras):
+    """Before: the grouped convolution stayed a ``PartitionedCall`` and GELU's ``Erfc`` had no handler; ingest
+    failed with a UnicodeDecodeError from onnx-graphsurgeon (ConvNeXtTiny)."""
+    path, km = modern_keras
+    m = load_any(path)
+    ops = {n.op_type for n in m.graph.node}
+    assert "Erf" in ops and all(onnx.defs.has(op) for op in ops), ops
+    x = np.random.default_rng(1).uniform(-2, 2, (1, 16, 16, 8)).astype(np.float32)
+    got = ort.InferenceSession(m.SerializeToString()).run(None, {m.graph.input[0].name: x.transpose(0, 3, 1, 2)})[0]
+    np.testing.assert_allclose(got, km(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_ops_the_converter_leaves_are_all_named_in_one_line():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="r"),
+             helper.make_node("PartitionedCall", ["a"], ["b"], name="call_1"),
+             helper.make_node("PartitionedCall", ["b"], ["c"], name="call_2"),
+             helper.make_node("PartitionedCall", ["c"], ["d"], name="call_3"),
+             helper.make_node("Erfc", ["d"], ["y"], name="gelu/Erfc")]
+    g = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    with pytest.raises(UnsupportedModelError) as e:
+        canonicalise(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), source="m.keras")
+    assert str(e.value) == ("m.keras: ONNX does not define these ops: 'PartitionedCall' x3 ('call_1', 'call_2', ...); "
+                            "'Erfc' x1 ('gelu/Erfc'). edgeplan converts standard ONNX ops only.")

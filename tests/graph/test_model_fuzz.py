@@ -19,7 +19,7 @@ EXPECTED = {
     "inf-weights": "NaN or infinite values",
     "huge-weight": "abort",
     "future-opset": "this onnx reads opsets up to",
-    "unknown-op": "which ONNX does not define",
+    "unknown-op": "ONNX does not define",
     "custom-domain": "edgeplan converts standard ONNX ops only",
     "huge-dim": "edgeplan takes at most",
     "keras-truncate": "not a readable .keras file",
