@@ -106,11 +106,17 @@ def test_bad_input_exits_2_with_a_message(tmp_path, capsys):
 
 def test_a_keras_3_model_with_modern_blocks_compiles_and_verifies(tmp_path, modern_keras):
     """Grouped convolution (a function call in Keras 3's graph), LayerNormalization, exact GELU, hard-swish, SiLU
-    and squeeze-excite: ingest inlines the call and converts Erfc; the int8 conversion writes Erf as tanh and
-    1/sqrt as a power, which LiteRT runs (an int8 DIV by a standard deviation near zero did not). Before: ingest
-    failed with a UnicodeDecodeError, then the int8 model did not run."""
+    and squeeze-excite: ingest inlines the call and converts Erfc; the int8 conversion writes Erf as tanh, 1/sqrt
+    as a power (RSQRT in TFLite) and -x as a product, which LiteRT runs (an int8 DIV by a standard deviation near
+    zero did not). Before: ingest failed with a UnicodeDecodeError, then the int8 model did not run."""
     proc = _edgeplan("compile", str(modern_keras[0]), "--name", "modern", "--version", "1", "--out", "out", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "verify passed" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
-    report = json.loads((tmp_path / "out" / "modern" / "1" / "verify.json").read_text())
+    art = tmp_path / "out" / "modern" / "1"
+    report = json.loads((art / "verify.json").read_text())
     assert report["ok"] and all(p["int8_identical_fraction"] == 1.0 for p in report["points"])
+    # every block is int8 and on the Edge TPU's list (EMULATED compiler): LayerNormalization's -mean is a MUL
+    # (the quantizer had no int8 NEG: a float island that ended the TPU part at the first block)
+    last = json.loads((art / "analysis.json").read_text())["points"][-1]["index"]
+    compiled = json.loads((art / "segments" / f"p{last}" / "compile.json").read_text())
+    assert compiled["cpu_ops"] == 0 and compiled["tpu_ops"] == compiled["total_ops"], compiled["operators"]

@@ -77,8 +77,10 @@ def _int8_rewrites(path: Path) -> None:
       step (1/128 on [-1, 1]).
     - ``Reciprocal(Sqrt(v))`` (LayerNormalization's 1/sqrt(variance + eps)) becomes ``Pow(v, -0.5)``: as a
       reciprocal it is an int8 DIV whose divisor, a small standard deviation, rounds to zero (LiteRT: "data[i] !=
-      zero_point"); POW has no int8 kernel and stays a float island."""
-    if not _mentions(path, (b"\x22\x03Erf", b"\x22\x0aReciprocal")):  # NodeProto.op_type (field 4) as written
+      zero_point"); the TFLite converter writes it as RSQRT (int8, and on the Edge TPU's list).
+    - ``Neg`` (LayerNormalization's -mean) becomes ``Mul(x, -1)``: the quantizer has no int8 NEG and left it a
+      float island, which ended ConvNeXt's Edge TPU part at its first block; MUL is int8 and maps."""
+    if not _mentions(path, (b"\x22\x03Erf", b"\x22\x0aReciprocal", b"\x22\x03Neg")):  # NodeProto.op_type
         return  # (most models: the file is read in pieces, never held whole)
     m = onnx.load(str(path), load_external_data=False)  # (external data, if any, stays where the file says)
     readers: dict[str, int] = {}
@@ -88,13 +90,13 @@ def _int8_rewrites(path: Path) -> None:
     producer = {o: n for n in m.graph.node for o in n.output}
     sqrt_of = {n.output[0]: producer.get(n.input[0]) for n in m.graph.node if n.op_type == "Reciprocal"}
     sqrt_of = {k: p for k, p in sqrt_of.items() if p is not None and p.op_type == "Sqrt" and readers[p.output[0]] == 1}
-    if not sqrt_of and not any(n.op_type == "Erf" for n in m.graph.node):
+    if not sqrt_of and not any(n.op_type in ("Erf", "Neg") for n in m.graph.node):
         return
     from onnx import helper, numpy_helper
 
-    a, b, half = "edgeplan_erf_a", "edgeplan_erf_b", "edgeplan_minus_half"
+    a, b, half, minus = "edgeplan_erf_a", "edgeplan_erf_b", "edgeplan_minus_half", "edgeplan_minus_one"
     m.graph.initializer.extend([numpy_helper.from_array(np.array(v, np.float32), k)
-                                for k, v in ((a, ERF_TANH[0]), (b, ERF_TANH[1]), (half, -0.5))])
+                                for k, v in ((a, ERF_TANH[0]), (b, ERF_TANH[1]), (half, -0.5), (minus, -1.0))])
     roots = {k: p.input[0] for k, p in sqrt_of.items()}  # Reciprocal output -> the Sqrt's input
     roots_out = {p.output[0] for p in sqrt_of.values()}
     nodes = []
@@ -103,6 +105,9 @@ def _int8_rewrites(path: Path) -> None:
             continue
         if n.op_type == "Reciprocal" and n.output[0] in roots:
             nodes.append(helper.make_node("Pow", [roots[n.output[0]], half], [n.output[0]], name=n.name))
+            continue
+        if n.op_type == "Neg":
+            nodes.append(helper.make_node("Mul", [n.input[0], minus], [n.output[0]], name=n.name))
             continue
         if n.op_type != "Erf":
             nodes.append(n)
