@@ -60,6 +60,19 @@ def constructors() -> list[str]:
     return sorted(n for n in dir(keras.applications) if n[:1].isupper() and callable(getattr(keras.applications, n)))
 
 
+# parameters in millions (Keras applications' table): the full run goes smallest first, so that an interrupted run
+# has covered the most architectures; a constructor not listed goes last
+SIZE_M = {"MobileNetV3Small": 2.5, "MobileNetV2": 3.5, "MobileNet": 4.3, "NASNetMobile": 5.3, "EfficientNetB0": 5.3,
+          "MobileNetV3Large": 5.4, "EfficientNetV2B0": 7.2, "EfficientNetB1": 7.9, "DenseNet121": 8.1,
+          "EfficientNetV2B1": 8.2, "EfficientNetB2": 9.2, "EfficientNetV2B2": 10.2, "EfficientNetB3": 12.3,
+          "DenseNet169": 14.3, "EfficientNetV2B3": 14.5, "EfficientNetB4": 19.5, "DenseNet201": 20.2,
+          "EfficientNetV2S": 21.6, "Xception": 22.9, "InceptionV3": 23.9, "ResNet50": 25.6, "ResNet50V2": 25.6,
+          "ConvNeXtTiny": 28.6, "EfficientNetB5": 30.6, "EfficientNetB6": 43.3, "ResNet101": 44.7,
+          "ResNet101V2": 44.7, "ConvNeXtSmall": 50.2, "EfficientNetV2M": 54.4, "InceptionResNetV2": 55.9,
+          "ResNet152": 60.4, "ResNet152V2": 60.4, "EfficientNetB7": 66.7, "ConvNeXtBase": 88.6, "NASNetLarge": 88.9,
+          "EfficientNetV2L": 119.0, "VGG16": 138.4, "VGG19": 143.7, "ConvNeXtLarge": 197.8, "ConvNeXtXLarge": 350.1}
+
+
 def build_keras(name: str, size: int, path: Path) -> dict:
     """``name`` at ``size`` saved to ``path`` (in a child: Keras and TensorFlow memory go with it)."""
     code = ("import sys\n"
@@ -226,7 +239,7 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="ignore the records of earlier runs")
     args = ap.parse_args()
     every = constructors()
-    names = args.models.split(",") if args.models else every
+    names = args.models.split(",") if args.models else sorted(every, key=lambda n: (SIZE_M.get(n, 1e9), n))
     unknown = [n for n in names if n not in every]
     if unknown:
         sys.exit(f"error: not keras.applications constructors: {', '.join(unknown)}")
