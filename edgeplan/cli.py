@@ -36,6 +36,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from edgeplan import quiet
 from edgeplan.errors import EdgeplanError
 
 from edgeplan.console import err  # noqa: E402
@@ -843,6 +844,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.verbose:
+        os.environ.setdefault(quiet.ENV, "1")  # TensorFlow's load-time lines too (edgeplan/quiet.py)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         from edgeplan.pipeline import params as params_mod

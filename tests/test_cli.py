@@ -94,6 +94,17 @@ def test_an_unexpected_exception_is_one_line_and_its_traceback_a_log_file(tmp_pa
         assert "Traceback (most recent call last)" in text and "ValueError: boom" in text and "second line" in text
 
 
+def test_tensorflow_load_time_lines_stay_off_the_terminal_unless_verbose(tmp_path):
+    """TensorFlow writes four absl/CUDA lines to descriptor 2 as it loads, whatever TF_CPP_MIN_LOG_LEVEL says."""
+    code = "import sys, edgeplan, tensorflow; print('loaded', file=sys.stderr)"
+    env = {k: v for k, v in os.environ.items() if k != "EDGEPLAN_NATIVE_LOGS"}
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert quiet.returncode == 0 and quiet.stderr == "loaded\n", quiet.stderr
+    loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**env, "EDGEPLAN_NATIVE_LOGS": "1"})
+    assert "absl::InitializeLog" in loud.stderr and loud.stderr.endswith("loaded\n")
+
+
 def test_bad_input_exits_2_with_a_message(tmp_path, capsys):
     assert main(["compile", str(tmp_path / "missing.onnx"), "--name", "x", "--version", "1", "--out", str(tmp_path)]) == 2
     assert "missing.onnx: no such file" in capsys.readouterr().err
@@ -112,6 +123,7 @@ def test_a_keras_3_model_with_modern_blocks_compiles_and_verifies(tmp_path, mode
     proc = _edgeplan("compile", str(modern_keras[0]), "--name", "modern", "--version", "1", "--out", "out", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "verify passed" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+    assert "absl" not in proc.stderr and "cuda" not in proc.stderr.lower(), proc.stderr  # (edgeplan/quiet.py)
     art = tmp_path / "out" / "modern" / "1"
     report = json.loads((art / "verify.json").read_text())
     assert report["ok"] and all(p["int8_identical_fraction"] == 1.0 for p in report["points"])
