@@ -4,7 +4,12 @@ bench/results/coverage.json and coverage.png.
 Each constructor in ``keras.applications`` is built with ``weights=None``, logits (``classifier_activation=None``)
 and batch-norm statistics calibrated on a random batch (``edgeplan.zoo.keras_apps``: with Keras's initial
 statistics the activations of deep models such as MobileNetV3 shrink to ~1e-16 at the logits, which no int8
-model can follow) at SIZE x SIZE x 3 (96 by default: the smallest input every architecture accepts is 75 (InceptionV3,
+model can follow) at SIZE x SIZE x 3. A model that starts with its own preprocessing (Rescaling or Normalization:
+MobileNetV3, EfficientNet, EfficientNetV2, ConvNeXt) takes pixels in [0, 255]: its batch norms, int8 calibration
+and verify inputs are drawn from [0, 255] (params.yaml's `quantize.calibration` low/high, given with --params),
+the others' from [-1, 1] (the default). Measured: MobileNetV3Small given [-1, 1] sees an input varying by
++-0.8% around -1 after its Rescaling, four int8 steps, and its int8 model's output has cosine 0.56 with the float
+one (96 by default: the smallest input every architecture accepts is 75 (InceptionV3,
 InceptionResNetV2), and 224 puts the run well past 90 minutes on two cores), saved as a .keras file, then taken
 through edgeplan as a user would, each command a fresh process, one model at a time:
 `edgeplan compile MODEL.keras` (ingest, analyze, int8 conversion, cutting, EMULATED Edge TPU compile, verify) and
@@ -75,13 +80,21 @@ SIZE_M = {"MobileNetV3Small": 2.5, "MobileNetV2": 3.5, "MobileNet": 4.3, "NASNet
 
 def build_keras(name: str, size: int, path: Path) -> dict:
     """``name`` at ``size`` saved to ``path`` (in a child: Keras and TensorFlow memory go with it)."""
-    code = ("import sys\n"
+    code = ("import sys, json, keras\n"
             "from pathlib import Path\n"
             "from edgeplan.zoo import keras_apps\n"
-            "keras_apps.build(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]).with_suffix(''))\n")
+            "name, size = sys.argv[1], int(sys.argv[2])\n"
+            "probe = getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3))\n"
+            "pixels = keras_apps.expects_pixels(probe)\n"
+            "del probe\n"
+            "lo, hi = (0.0, 255.0) if pixels else (-1.0, 1.0)\n"
+            "keras_apps.build(name, size, Path(sys.argv[3]).with_suffix(''), input_range=(lo, hi))\n"
+            "print(json.dumps({'input_range': [lo, hi]}))\n")
     proc = subprocess.run([sys.executable, "-c", code, name, str(size), str(path)], capture_output=True, text=True,
                           timeout=1800)
-    return {"error": _last_line(proc.stderr)} if proc.returncode != 0 else {}
+    if proc.returncode == 0:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"error": _last_line(proc.stderr)}
 
 
 def _last_line(text: str) -> str:
@@ -181,7 +194,10 @@ def run_one(name: str, size: int, fresh: bool) -> dict:
         rec["tracebacks"] = 0
         return _save(record_path, rec)
     rec["keras_seconds"] = round(time.perf_counter() - t, 1)
-    comp = _edgeplan("compile", str(keras_file), "--name", name, "--version", "1", "--out", str(root), timeout=5400)
+    rec["input_range"] = made["input_range"]
+    params = _params(made["input_range"])
+    comp = _edgeplan("--params", str(params), "compile", str(keras_file), "--name", name, "--version", "1",
+                     "--out", str(root), timeout=5400)
     rec.update(inspect(art))
     rec["compile_seconds"] = comp["seconds"]
     rec["tracebacks"] = comp["tracebacks"]
@@ -193,8 +209,8 @@ def run_one(name: str, size: int, fresh: bool) -> dict:
     if comp["rc"] != 0:
         rec["error"] = rec.get("verify_failure") or comp["error"]
     if comp["rc"] == 0:
-        prof = _edgeplan("profile", "run", str(art), "--device-class", DEVICE_CLASS, "--repeats", "5", "--span-s", "1",
-                         "--budget-s", "2", timeout=3600)
+        prof = _edgeplan("--params", str(params), "profile", "run", str(art), "--device-class", DEVICE_CLASS,
+                         "--repeats", "5", "--span-s", "1", "--budget-s", "2", timeout=3600)
         rec["stages"]["profile"] = "ok" if prof["rc"] == 0 else "failed"
         rec["profile_seconds"] = prof["seconds"]
         rec["tracebacks"] += prof["tracebacks"]
@@ -204,6 +220,17 @@ def run_one(name: str, size: int, fresh: bool) -> dict:
         rec["stages"]["profile"] = "not run"
     shutil.rmtree(root / name, ignore_errors=True)  # gigabytes per model: the record keeps what the bench reads
     return _save(record_path, rec)
+
+
+def _params(input_range) -> Path:
+    """The repository's params.yaml with calibration (and verify) inputs drawn from ``input_range``."""
+    import yaml
+
+    params = yaml.safe_load(Path("params.yaml").read_text())
+    params["quantize"]["calibration"].update(low=float(input_range[0]), high=float(input_range[1]))
+    path = WORK / f"params_{input_range[0]:g}_{input_range[1]:g}.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
 
 
 def _save(path: Path, rec: dict) -> dict:
