@@ -444,8 +444,9 @@ def print_profile(prof) -> None:
                       + ", ".join(f"{c} {v:.2f} ({len(by[c])})" for c, v in med.items()))
     if prof.tpu_model:
         m = prof.tpu_model
-        console.print(f"emulated Edge TPU: efficiency {m['efficiency']:.3f} of {m['peak_macs_per_s'] / 1e12:g}e12 MAC/s, "
-                      f"overhead {m['overhead_ms']:.3f} ms, link {m['link_bytes_per_s'] / 1e6:g} MB/s "
+        console.print(f"emulated Edge TPU ({m.get('model', '?')}): efficiency {m['efficiency']:.3f} of "
+                      f"{m['peak_macs_per_s'] / 1e12:g}e12 MAC/s, {m.get('op_ms', 0) * 1e3:.1f} us per op, overlap "
+                      f"{m.get('overlap', 0):.2f}, overhead {m['overhead_ms']:.3f} ms, link {m['link_bytes_per_s'] / 1e6:g} MB/s "
                       f"(fitted on {', '.join(m['calibration'].get('hosts', []))} rows of the Coral benchmarks)")
 
 
@@ -491,15 +492,31 @@ def cmd_profile_emulator(args, params) -> int:
     from edgeplan.profile import tpu_model
 
     tpu = tpu_model.for_host(args.host)
-    t = Table(title=f"emulated Edge TPU calibrated on the {args.host} rows (leave-one-out: fitted without the row)")
-    for col in ("model", "input", "measured ms", "LOO predicted ms", "LOO error", "in-fit error"):
-        t.add_column(col, justify="left" if col == "model" else "right")
-    for row, fit_err in zip(tpu.calibration["loo_errors"], tpu.calibration["fit_errors"]):
-        t.add_row(row["model"], str(row["input"]), f"{row['measured_ms']:.2f}", f"{row['predicted_ms']:.2f}",
-                  f"{row['error']:+.1%}", f"{fit_err:+.1%}")
+    cal = {**tpu.calibration, "loao_errors": list(tpu_model.shipped_loao())}
+    t = Table(title="emulated Edge TPU (EMULATED, model " + tpu_model.MODEL_VERSION + "): every calibration row, "
+              "leave-one-architecture-out (fitted without any host's row of that architecture) and in the joint fit")
+    for col in ("model", "input", "host", "measured ms", "LOAO predicted ms", "LOAO error", "in-fit error",
+                "dominant term"):
+        t.add_column(col, justify="left" if col in ("model", "host", "dominant term") else "right")
+    in_fit = {(r["model"], r["input"], r["host"]): r for r in cal["fit_rows"]}
+    for row in cal["loao_errors"]:
+        fit_row = in_fit[row["model"], row["input"], row["host"]]
+        t.add_row(row["model"], str(row["input"]), row["host"], f"{row['measured_ms']:.2f}",
+                  f"{row['predicted_ms']:.2f}",
+                  f"{row['error']:+.1%}", f"{fit_row['error']:+.1%}",
+                  f"{fit_row['dominant']} ({fit_row['terms_ms'][fit_row['dominant']]:.1f} ms)")
     console.print(t)
-    console.print(f"efficiency {tpu.efficiency:.4f} (of {tpu.peak_macs_per_s:g} MAC/s), overhead {tpu.overhead_ms:.4f} ms, "
-                  f"link {tpu.link_bytes_per_s:g} B/s, on-chip {tpu.onchip_param_bytes} B")
+    errors = sorted(abs(r["error"]) for r in cal["loao_errors"])
+    by_host = {h: sorted(abs(r["error"]) for r in cal["loao_errors"] if r["host"] == h) for h in cal["hosts"]}
+    console.print("LOAO |error|: median " + f"{errors[len(errors) // 2]:.1%}, max {errors[-1]:.1%}; per host: "
+                  + ", ".join(f"{h} median {v[len(v) // 2]:.1%} max {v[-1]:.1%}" for h, v in by_host.items()))
+    p = cal["params"]
+    console.print(f"fitted on every host: efficiency {p['efficiency']:.4f} (of {tpu.peak_macs_per_s:g} MAC/s), "
+                  f"{p['op_ms'] * 1e3:.1f} us per op, overlap {p['overlap']:.3f}; per host: "
+                  + ", ".join(f"{h} overhead {p['overhead_ms'][h]:.3f} ms, link efficiency "
+                              f"{p['link_efficiency'][h]:.3f}" for h in cal["hosts"]))
+    console.print(f"{args.host}: link {tpu.link_bytes_per_s / 1e6:.0f} MB/s effective, "
+                  f"on-chip {tpu.onchip_param_bytes} B")
     return 0
 
 
@@ -771,8 +788,9 @@ def parser() -> argparse.ArgumentParser:
     pt.add_argument("--out", required=True, help="predictor file to write")
     pt.add_argument("--eval", nargs="*", help="held-out profiles: report the predictor's MAPE on them")
     pt.set_defaults(func=cmd_profile_train)
-    pe = psub.add_parser("emulator", help="the emulated Edge TPU's fitted parameters and leave-one-out errors")
-    pe.add_argument("--host", default="desktop", help="calibration rows to fit on (desktop, rpi4b)")
+    pe = psub.add_parser("emulator", help="the emulated Edge TPU's fitted parameters and leave-one-architecture-out errors")
+    pe.add_argument("--host", default="desktop", help="the host whose overhead and link are shown (desktop, rpi4b, "
+                                                       "devboard); the fit uses every host's rows")
     pe.set_defaults(func=cmd_profile_emulator)
     sp = sub.add_parser("fleet", help="check the fleet registry in params.yaml and list classes and devices")
     sp.set_defaults(func=cmd_fleet)

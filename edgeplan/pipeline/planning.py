@@ -151,7 +151,7 @@ def plan_swapless(root: Path, name: str, params: dict, variant: str | None = Non
     dep = deployment(params, name)
     fleet = fleet_mod.load(params, {d["name"] for d in params.get("deployments") or []})
     dc = fleet.device_class(dep["device_class"])
-    specs, versions, roots, notes, sources = [], [], [], [], set()
+    specs, versions, roots, notes, sources, emulators = [], [], [], [], set(), set()
     for m in dep["models"]:
         version = resolve_version(root, m["name"], str(m.get("version", "latest")))
         d = Path(root) / m["name"] / version
@@ -160,6 +160,8 @@ def plan_swapless(root: Path, name: str, params: dict, variant: str | None = Non
             raise ProfileError(f"{path}: missing; run `edgeplan profile run {d} --device-class {dc.name}` first")
         prof = Profile.load(path)
         sources |= {s.tpu.source for s in prof.segments if s.tpu is not None}
+        if prof.tpu_model:
+            emulators.add(str(prof.tpu_model.get("model", "?")))
         excluded = excluded_points(d, params)
         spec = model_spec(m["name"], float(m["rate"]), prof, str(path), edgetpu=dc.accelerator.edgetpu,
                           excluded=excluded)
@@ -183,7 +185,8 @@ def plan_swapless(root: Path, name: str, params: dict, variant: str | None = Non
 
     result = plan_mod.make(name, dc.name, inst, versions, segment_bytes,
                            int(dc.ram_bytes * settings["preload_ram_share"]), variant, tuple(notes),
-                           "emulated" if "emulated" in sources else "measured", tuple(settings["rate_factors"]))
+                           f"emulated:{'+'.join(sorted(emulators))}" if "emulated" in sources else "measured",
+                           tuple(settings["rate_factors"]))
     out = Path(root) / "deployments" / name / "plans" / "swapless.json"
     result.save(out)
     return result, out

@@ -30,21 +30,32 @@ def io_bytes(graph: TfliteGraph) -> tuple[int, int]:
     return sum(_nbytes(graph, i) for i in graph.inputs), sum(_nbytes(graph, o) for o in graph.outputs)
 
 
-def tpu_workload(graph: TfliteGraph, report: CompileReport | None) -> TpuWorkload:
-    """The ops the compile report puts on the Edge TPU (all of them when ``report`` is None)."""
+def tpu_workload(graph: TfliteGraph, report: CompileReport | None,
+                 onchip_bytes: int = DEFAULT_ONCHIP_BYTES) -> TpuWorkload:
+    """The ops the compile report puts on the Edge TPU (all of them when ``report`` is None): their MACs (the
+    depthwise ones apart), parameter bytes on chip and streamed, the bytes of the activation tensors they
+    read or write (each tensor once), and those of ops whose activations (inputs and outputs) exceed the
+    on-chip memory, which cross the link (``act_offchip_bytes``)."""
     end = len(graph.ops)
     if report is not None and report.first_unmapped is not None:
         end = int(report.first_unmapped.get("index", end))
     ins, outs = io_bytes(graph)
     if report is None:
         sizes = graph.op_param_bytes[:end]
-        cached, _, _ = fill_cache(sizes, DEFAULT_ONCHIP_BYTES)
+        cached, _, _ = fill_cache(sizes, onchip_bytes)
         onchip = sum(b for b, c in zip(sizes, cached) if c)
         offchip = sum(sizes) - onchip
     else:
         onchip, offchip = report.onchip_param_bytes, report.offchip_param_bytes
+    ops = graph.ops[:end]
+    acts = [sum(_nbytes(graph, x) for x in graph.activations(op)) + sum(_nbytes(graph, o) for o in op.outputs)
+            for op in ops]
+    tensors = {x for op in ops for x in (*graph.activations(op), *op.outputs)}  # each written or read once
     return TpuWorkload(macs=sum(graph.op_macs[:end]), onchip_param_bytes=onchip, offchip_param_bytes=offchip,
-                       input_bytes=ins, output_bytes=outs, ops=end)
+                       input_bytes=ins, output_bytes=outs, ops=end,
+                       activation_bytes=sum(_nbytes(graph, x) for x in tensors),
+                       dw_macs=sum(graph.op_macs[op.index] for op in ops if op.name == "DEPTHWISE_CONV_2D"),
+                       act_offchip_bytes=sum(a for a in acts if a > onchip_bytes))
 
 
 def _conv_shape(graph: TfliteGraph, op) -> tuple[int, int, int, int, int] | None:

@@ -211,7 +211,7 @@ def _static(seg: Segment, root: Path, tpu) -> SegmentProfile:
     tpu_timing = None
     if seg.role == "prefix" and tpu is not None:
         report = CompileReport.load(seg.path.parent / "compile.json")
-        w = tpu_workload(graph, report)
+        w = tpu_workload(graph, report, tpu.onchip_param_bytes)
         t = tpu.times(w)
         tpu_timing = TpuTiming("emulated", round(t.tpu_compute_ms, 5), round(t.io_ms, 5), round(t.load_ms, 5),
                                round(t.tpu_ms, 5), w.onchip_param_bytes, w.offchip_param_bytes, w.macs,

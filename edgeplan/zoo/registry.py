@@ -14,6 +14,7 @@ _TABLE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "mobilenetv2_224": (partial(keras_apps.build, "MobileNetV2", 224), "Keras MobileNetV2, 224x224"),
     "resnet50_299": (partial(keras_apps.build, "ResNet50", 299), "Keras ResNet50 (v1), 299x299"),
     "resnet50v2_224": (partial(keras_apps.build, "ResNet50V2", 224), "Keras ResNet50V2, 224x224"),
+    "resnet50v2_299": (partial(keras_apps.build, "ResNet50V2", 299), "Keras ResNet50V2, 299x299"),
     "resnet101_224": (partial(keras_apps.build, "ResNet101", 224), "Keras ResNet101 (v1), 224x224"),
     "resnet152v2_299": (partial(keras_apps.build, "ResNet152V2", 299), "Keras ResNet152V2, 299x299 (60M parameters)"),
     "inceptionresnetv2_299": (partial(keras_apps.build, "InceptionResNetV2", 299),

@@ -52,7 +52,7 @@ def test_plan_file(root):
     plan, path = plan_swapless(root, "duo", params_with(DUO))
     assert path == root / "deployments" / "duo" / "plans" / "swapless.json"
     again = SwapLessPlan.load(path)
-    assert again == plan and plan.tpu_source == "emulated"
+    assert again == plan and plan.tpu_source == "emulated:edgeplan-tpu-model-2"  # the emulator that made the profiles
     assert [m.name for m in plan.models] == ["tiny_cnn", "light_squeezenet"]
     assert sum(m.cores for m in plan.models) <= plan.cores
     for m in plan.models:

@@ -9,9 +9,12 @@ from edgeplan.cli import main
 def test_emulator_table(capsys):
     assert main(["profile", "emulator"]) == 0
     out = capsys.readouterr().out
-    for model in ("mobilenet_v1_1.0", "mobilenet_v2_1.0", "inception_v1", "squeezenet", "resnet50_v1"):
+    for model in ("mobilenet_v1_1.0", "mobilenet_v2_1.0", "inception_v1", "squeezenet", "resnet50_v1", "resnet50_v2",
+                  "vgg19"):
         assert model in out
-    assert "leave-one-out" in out and "efficiency" in out
+    for host in ("desktop", "rpi4b", "devboard"):
+        assert host in out
+    assert "leave-one-architecture-out" in out and "efficiency" in out and "dominant term" in out
 
 
 def test_fleet_lists_classes_and_devices(capsys):

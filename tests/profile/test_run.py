@@ -46,14 +46,19 @@ def test_every_point_profiled(profiled):
             t = s.tpu
             assert t.source == "emulated"
             assert t.tpu_ms == pytest.approx(t.tpu_compute_ms + t.io_ms, abs=1e-4)
-            assert t.load_ms == pytest.approx(1e3 * t.onchip_param_bytes / 5e8, abs=1e-4)
+            # the published 500 MB/s USB 3.0 link at the desktop host's fitted link efficiency
+            link = prof.tpu_model["link_bytes_per_s"]
+            assert link == pytest.approx(5e8 * prof.tpu_model["calibration"]["params"]["link_efficiency"]["desktop"])
+            assert t.load_ms == pytest.approx(1e3 * t.onchip_param_bytes / link, abs=1e-4)
+    assert prof.tpu_model["model"] == "edgeplan-tpu-model-2"
     assert prof.probe and prof.probe_ms(1) > 0
     # measured times are brought to the class's reference speed through the probe timed beside them
     ref = params_mod.DEFAULTS["fleet"]["device_classes"]["coral-usb-emulated"]["cpu_probe_ms"]
     for s in prof.segments:
         for t in s.cpu:
             assert t.scale == pytest.approx(ref[t.threads] / prof.probe_ms(t.threads))
-    assert prof.tpu_model["calibration"]["hosts"] == ["desktop"]
+    assert prof.tpu_model["calibration"]["hosts"] == ["desktop", "devboard", "rpi4b"]  # one joint fit, every host
+    assert prof.tpu_model["calibration"]["host"] == "desktop"  # the class's: its overhead and link
 
 
 def test_deeper_prefix_costs_more_on_the_tpu(profiled):

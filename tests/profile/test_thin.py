@@ -7,7 +7,7 @@ import sys
 BLOCKER = r'''
 import importlib.abc, sys
 HEAVY = ("tensorflow", "onnx", "onnxruntime", "prefect", "ortools", "xgboost", "dvc", "keras", "tf2onnx", "onnx2tf",
-         "yaml", "rich")
+         "yaml", "rich", "scipy")
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name.split(".")[0] in HEAVY:

@@ -62,7 +62,7 @@ class SwapLessPlan(_Record):
     preload_budget_bytes: int = 0
     baselines: dict = field(default_factory=dict)
     notes: tuple[str, ...] = ()
-    tpu_source: str = "emulated"
+    tpu_source: str = "emulated"  # "emulated:<emulator model version>" or "measured"
     schema_version: int = 1
 
     def stable_regimes(self) -> tuple[Regime, ...]:
@@ -73,9 +73,12 @@ class SwapLessPlan(_Record):
 
 def figure_sources(point: int, last: int, tpu_source: str) -> str:
     """What a predicted latency at ``point`` is made of: the Edge TPU prefix (point > 0; EMULATED in
-    capitals when the times are modelled, never measured) and the CPU suffix (point < last). An all-CPU
-    point has no emulated figure in it and says so."""
-    parts = (["Edge TPU " + ("EMULATED" if tpu_source == "emulated" else tpu_source)] if point > 0 else []) + (
+    capitals when the times are modelled, never measured, with the emulator's model version when the plan
+    records it: ``emulated:<version>``) and the CPU suffix (point < last). An all-CPU point has no emulated
+    figure in it and says so."""
+    kind, _, version = tpu_source.partition(":")
+    label = ("EMULATED" + (f" ({version})" if version else "")) if kind == "emulated" else tpu_source
+    parts = ([f"Edge TPU {label}"] if point > 0 else []) + (
         ["CPU"] if point < last else [])
     return " + ".join(parts)
 
