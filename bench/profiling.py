@@ -15,9 +15,17 @@ Keys:
   1 ms or more; the median over those segments, and the same figures on the raw (unscaled) times, beside
   it. Real execution.
 - predictor_mape_heldout: the XGBoost predictor trained on the measured segments (prefixes and suffixes,
-  1 and 2 threads) of MobileNetV2, ResNet50V2, DenseNet201 and Xception, evaluated on those of InceptionV3
-  and EfficientNetB0 against real measurements; beside it the suffix-only figure (what the pipeline
-  predicts), per model, per thread count, and leave-one-out among the four training models.
+  1 and 2 threads) of the TRAIN architectures (16: MobileNet v1/v2/v3, EfficientNetB1, ResNet 50/101/50V2/
+  152V2, DenseNet 121/169/201, Xception, NASNetMobile, InceptionResNetV2, ConvNeXtTiny; the big ones at reduced
+  inputs, FULL_SIZES), evaluated on those of InceptionV3 and EfficientNetB0 (never in training) against real
+  measurements; predictor_mape_heldout_by_threads per thread count; beside them the suffix-only figure (what
+  the pipeline predicts) and per model. predictor_loao_median: each training architecture predicted by the
+  predictor trained on the others (MAPE), the median over them.
+- predicted_plan_regret: the held-out pair deployed together (InceptionV3 + EfficientNetB0, the class's cores,
+  rates scaled so that the measured-profile plan's busiest resource is at 0.3, 0.5 and 0.7): SwapLess planned
+  (exact search) from the profiles with every suffix's one-thread time predicted, and from the measured
+  profiles; both plans' objectives evaluated on the measured profiles; the largest relative excess of the
+  predicted plan's.
 - profile_resnet50v2_seconds: wall time of `edgeplan profile run` on ResNet50V2 (max_points 8, k = 1, 2).
 
 `--artifacts DIR` reuses compiled models (DIR/<Arch>/1); otherwise they are compiled here (about 30 minutes
@@ -45,11 +53,16 @@ from edgeplan.profile import tpu_model
 from edgeplan.profile.predictor import Predictor, examples, mape
 from edgeplan.profile.schema import Profile
 
-TRAIN = ["MobileNetV2", "ResNet50V2", "DenseNet201", "Xception"]
+TRAIN = ["MobileNetV2", "ResNet50V2", "DenseNet201", "Xception", "MobileNet", "MobileNetV3Large", "MobileNetV3Small",
+         "EfficientNetB1", "ResNet50", "ResNet101", "DenseNet121", "NASNetMobile", "InceptionResNetV2", "ConvNeXtTiny",
+         "ResNet152V2", "DenseNet169"]
 HELD_OUT = ["InceptionV3", "EfficientNetB0"]
 REPEAT = ["ResNet50V2", "EfficientNetB0"]
+# the architectures' default inputs, reduced for the largest (their profiling time)
 FULL_SIZES = {"MobileNetV2": 224, "ResNet50V2": 224, "InceptionV3": 299, "DenseNet201": 224, "Xception": 299,
-              "EfficientNetB0": 224}
+              "EfficientNetB0": 224, "MobileNet": 224, "MobileNetV3Large": 224, "MobileNetV3Small": 224,
+              "EfficientNetB1": 240, "ResNet50": 224, "ResNet101": 224, "DenseNet121": 224, "NASNetMobile": 224,
+              "InceptionResNetV2": 160, "ConvNeXtTiny": 160, "ResNet152V2": 160, "DenseNet169": 224}
 CLASS = "coral-usb-emulated"
 EDGEPLAN = [sys.executable, "-m", "edgeplan.cli"]
 
@@ -112,6 +125,43 @@ def emulator_figures() -> dict:
     }
 
 
+def plan_regret(measured: dict[str, Profile], predicted_ms: dict[tuple[str, int], float]) -> list[dict]:
+    """The held-out models deployed together, planned from predicted suffix times and from measured ones; both
+    plans evaluated on the measured profiles (``predicted_plan_regret`` above)."""
+    import dataclasses
+
+    from edgeplan.plan.swapless import allocate, queueing
+    from edgeplan.plan.swapless.from_profiles import model_spec
+    from edgeplan.plan.swapless.instance import Instance
+
+    cores = int(params_mod.DEFAULTS["fleet"]["device_classes"][CLASS].get("cores") or os.cpu_count() or 2)
+    specs = [model_spec(a, 1.0, p) for a, p in measured.items()]
+    guessed = [dataclasses.replace(s, s_cpu=tuple(predicted_ms.get((p.model, i), 0.0) / 1e3 if i < s.last else 0.0
+                                                  for i in range(s.last + 1)), cpu_samples=())
+               for s, p in zip(specs, measured.values())]
+    base = Instance(tuple(specs), cores, 8 * 1024 * 1024)
+    out = []
+    for target in (0.3, 0.5, 0.7):
+        lo, hi = 1e-3, 1e4  # one factor on every rate: the measured plan's busiest resource at ``target``
+        for _ in range(40):
+            mid = (lo * hi) ** 0.5
+            opt = allocate.exact(base.with_rates([mid] * len(specs)))
+            busy = max(queueing.evaluate(base.with_rates([mid] * len(specs)), opt.config).utilisation.values()) \
+                if opt.config else float("inf")
+            lo, hi = (mid, hi) if busy < target else (lo, mid)
+        rates = [lo] * len(specs)
+        inst = base.with_rates(rates)
+        best = allocate.exact(inst)
+        plan = allocate.exact(Instance(tuple(s.with_rate(r) for s, r in zip(guessed, rates)), cores, base.capacity))
+        got = queueing.evaluate(inst, plan.config).objective if plan.config else float("inf")
+        out.append({"utilisation": target, "rate_per_s": lo, "measured_plan": list(best.config.points),
+                    "measured_cores": list(best.config.cores),
+                    "predicted_plan": list(plan.config.points) if plan.config else None,
+                    "predicted_cores": list(plan.config.cores) if plan.config else None,
+                    "regret": got / best.objective - 1})
+    return out
+
+
 def repeatability(a: Profile, b: Profile, floor_ms: float = 1.0) -> list[dict]:
     rows = []
     for s in a.segments:
@@ -163,7 +213,7 @@ def main() -> int:
 
     print("[bench] predictor ...", flush=True)
     lomo = {}
-    for held in TRAIN:  # leave one training model out: how the predictor fares on an unseen architecture
+    for held in TRAIN:  # leave one training architecture out: how the predictor fares on an unseen one
         m = Predictor.train(examples([profiles[a] for a in TRAIN if a != held]))
         rows = examples([profiles[held]])
         lomo[held] = mape(m.predict_many([(e.features, e.threads, e.cores, e.probe_ms) for e in rows]),
@@ -174,6 +224,10 @@ def main() -> int:
     suffix = [(p, e.ms) for p, e in zip(pred, test) if e.role == "suffix"]
     per_model = {a: mape([p for p, e in zip(pred, test) if e.model.startswith(a)],
                          [e.ms for e in test if e.model.startswith(a)]) for a in HELD_OUT}
+    by_threads = {str(n): mape([p for p, e in zip(pred, test) if e.threads == n],
+                               [e.ms for e in test if e.threads == n]) for n in sorted({e.threads for e in test})}
+    regret = plan_regret({a: profiles[a] for a in HELD_OUT},
+                         {(e.model, e.point): p for p, e in zip(pred, test) if e.role == "suffix" and e.threads == 1})
 
     result = {
         "quick": args.quick,
@@ -182,6 +236,9 @@ def main() -> int:
         "emulator_whole_model_ms": whole,
         "cpu_repeatability_max_rel_diff": max(rel) if rel else None,
         "predictor_mape_heldout": mape(pred, [e.ms for e in test]),
+        "predictor_mape_heldout_by_threads": by_threads,
+        "predictor_loao_median": float(np.median(list(lomo.values()))),
+        "predicted_plan_regret": {"value": max(r["regret"] for r in regret), "cases": regret},
         "profile_resnet50v2_seconds": seconds["ResNet50V2"],
         "source": {
             "emulator_loao_median": "EMULATED Edge TPU model vs published Coral measurements",
@@ -189,6 +246,9 @@ def main() -> int:
             "emulator_whole_model_ms": "tpu_ms: EMULATED Edge TPU; cpu_ms: real execution (this machine's CPU)",
             "cpu_repeatability_max_rel_diff": "real execution",
             "predictor_mape_heldout": "predictions vs real execution",
+            "predictor_loao_median": "predictions vs real execution",
+            "predicted_plan_regret": "plans evaluated by the refined queueing model on the measured profiles "
+                                     "(CPU measured, Edge TPU EMULATED)",
             "profile_resnet50v2_seconds": "real execution (wall time; TPU side EMULATED)",
         },
         "cpu_repeatability": {"median_abs_rel_diff": float(np.median(rel)) if rel else None,
@@ -198,9 +258,7 @@ def main() -> int:
         "predictor": {"train": TRAIN, "held_out": HELD_OUT, "timings_train": len(examples([profiles[a] for a in TRAIN])),
                       "timings_held_out": len(test), "mape_suffixes_only": mape(*zip(*suffix)) if suffix else None,
                       "mape_per_model": per_model,
-                      "mape_per_threads": {str(n): mape([p for p, e in zip(pred, test) if e.threads == n],
-                                                         [e.ms for e in test if e.threads == n])
-                                           for n in sorted({e.threads for e in test})},
+                      "mape_per_threads": by_threads,
                       "leave_one_training_model_out_mape": lomo,
                       "points": [{"model": e.model, "point": e.point, "role": e.role, "threads": e.threads,
                                   "measured_ms": e.ms, "predicted_ms": p} for p, e in zip(pred, test)]},
@@ -208,14 +266,15 @@ def main() -> int:
         "span_s": span,
     }
     publish("profiling", result, plot, ("emulator_loao_median", "emulator_loao_max", "cpu_repeatability_max_rel_diff",
-                                        "predictor_mape_heldout", "profile_resnet50v2_seconds"))
+                                        "predictor_mape_heldout", "predictor_loao_median", "predicted_plan_regret",
+                                        "profile_resnet50v2_seconds"))
     return 0
 
 
 def plot(result: dict, path: Path) -> None:
     plt = pyplot()
 
-    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(16, 4.6))
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(18, 5.2))
     pts = result["predictor"]["points"]
     for model, marker in zip(sorted({p["model"] for p in pts}), "os^"):
         for threads, colour in ((1, "tab:blue"), (2, "tab:orange")):
@@ -248,7 +307,7 @@ def plot(result: dict, path: Path) -> None:
     a3.bar(x - 0.27, [whole[n]["tpu_ms_emulated"] for n in names], 0.27, label="Edge TPU (EMULATED)")
     a3.bar(x, [whole[n]["cpu_ms_measured"]["1"] for n in names], 0.27, label="CPU 1 thread (measured)")
     a3.bar(x + 0.27, [whole[n]["cpu_ms_measured"].get("2", 0) for n in names], 0.27, label="CPU 2 threads (measured)")
-    a3.set_xticks(x, names, rotation=30, fontsize=8)
+    a3.set_xticks(x, names, rotation=60, fontsize=7, ha="right")
     a3.set_ylabel("ms per inference (whole model)")
     a3.set_title("whole model")
     a3.legend(fontsize=7)
