@@ -416,8 +416,9 @@ def repull(work: Path, params: dict, store: Path, trusted: dict, dest: Path) -> 
 
 
 def mape(rows, key: str) -> float | None:
+    """Mean absolute relative error, as a fraction (0.05 = 5%)."""
     pairs = [(r["measured_ms"], r[key]) for r in rows if r["measured_ms"]]
-    return 100 * statistics.fmean(abs(p - m) / m for m, p in pairs) if pairs else None
+    return statistics.fmean(abs(p - m) / m for m, p in pairs) if pairs else None
 
 
 def main() -> int:
@@ -493,9 +494,9 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xlabel("measured mean latency through the runtime, ms")
     ax.set_ylabel("predicted mean latency, ms")
     ax.set_title(f"runtime vs refined model (EMULATED Edge TPU, real CPU suffixes on {result['suffix_cores']} core)\n"
-                 f"MAPE with the suffix times served: single {result['mape_single']:.1f}%, multi "
-                 f"{result['mape_multi']:.1f}%; from the profile: {result['mape_single_from_profile']:.1f}% / "
-                 f"{result['mape_multi_from_profile']:.1f}%", fontsize=9)
+                 f"MAPE with the suffix times served: single {result['mape_single']:.1%}, multi "
+                 f"{result['mape_multi']:.1%}; from the profile: {result['mape_single_from_profile']:.1%} / "
+                 f"{result['mape_multi_from_profile']:.1%}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
