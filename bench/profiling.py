@@ -102,6 +102,7 @@ def emulator_figures() -> dict:
     errors = [abs(r["error"]) for r in loao]
     by_host = {h: [abs(r["error"]) for r in loao if r["host"] == h] for h in cal["hosts"]}
     p = cal["params"]
+    bounds = {**tpu_model.SHARED, **tpu_model.PER_HOST}
     return {
         "emulator_loao_median": float(np.median(errors)),
         "emulator_loao_max": max(errors),
@@ -111,14 +112,10 @@ def emulator_figures() -> dict:
         "emulator_fit_rows": cal["fit_rows"],
         "emulator_params": {
             "model": tpu_model.MODEL_VERSION,
-            "efficiency": {"value": p["efficiency"], "bounds": [0.001, 1.0]},
-            "op_ms": {"value": p["op_ms"], "bounds": [0.0, 1.0]},
-            "overlap": {"value": p["overlap"], "bounds": [0.0, 1.0]},
-            "overhead_ms": {"value": p["overhead_ms"], "bounds": [0.0, 100.0]},
-            "link_efficiency": {"value": p["link_efficiency"], "bounds": [0.05, 1.0]},
-            "physically_plausible": bool(0 < p["efficiency"] <= 1 and p["op_ms"] >= 0 and 0 <= p["overlap"] <= 1
-                                         and min(p["overhead_ms"].values()) >= 0
-                                         and all(0 < x <= 1 for x in p["link_efficiency"].values())),
+            **{k: {"value": p[k], "bounds": [lo, hi]} for k, (lo, hi, _) in bounds.items()},
+            # every fitted value within its physical bounds (efficiencies above 0: their lower bounds are 1e-3)
+            "physically_plausible": all(lo <= v <= hi for k, (lo, hi, _) in bounds.items()
+                                        for v in (p[k].values() if isinstance(p[k], dict) else [p[k]])),
             "published_constants": {"peak_macs_per_s": tpu.peak_macs_per_s, "onchip_bytes": tpu.onchip_param_bytes,
                                     "link_bytes_per_s": tpu_model.HOST_LINKS},
         },
@@ -129,6 +126,8 @@ def plan_regret(measured: dict[str, Profile], predicted_ms: dict[tuple[str, int]
     """The held-out models deployed together, planned from predicted suffix times and from measured ones; both
     plans evaluated on the measured profiles (``predicted_plan_regret`` above)."""
     import dataclasses
+
+    from swapless_validation import scale_to
 
     from edgeplan.plan.swapless import allocate, queueing
     from edgeplan.plan.swapless.from_profiles import model_spec
@@ -142,19 +141,12 @@ def plan_regret(measured: dict[str, Profile], predicted_ms: dict[tuple[str, int]
     base = Instance(tuple(specs), cores, 8 * 1024 * 1024)
     out = []
     for target in (0.3, 0.5, 0.7):
-        lo, hi = 1e-3, 1e4  # one factor on every rate: the measured plan's busiest resource at ``target``
-        for _ in range(40):
-            mid = (lo * hi) ** 0.5
-            opt = allocate.exact(base.with_rates([mid] * len(specs)))
-            busy = max(queueing.evaluate(base.with_rates([mid] * len(specs)), opt.config).utilisation.values()) \
-                if opt.config else float("inf")
-            lo, hi = (mid, hi) if busy < target else (lo, mid)
-        rates = [lo] * len(specs)
-        inst = base.with_rates(rates)
+        inst = scale_to(base, target)  # one factor on every rate: the measured plan's busiest resource at target
+        rates = list(inst.rates)
         best = allocate.exact(inst)
         plan = allocate.exact(Instance(tuple(s.with_rate(r) for s, r in zip(guessed, rates)), cores, base.capacity))
         got = queueing.evaluate(inst, plan.config).objective if plan.config else float("inf")
-        out.append({"utilisation": target, "rate_per_s": lo, "measured_plan": list(best.config.points),
+        out.append({"utilisation": target, "rate_per_s": rates[0], "measured_plan": list(best.config.points),
                     "measured_cores": list(best.config.cores),
                     "predicted_plan": list(plan.config.points) if plan.config else None,
                     "predicted_cores": list(plan.config.cores) if plan.config else None,

@@ -445,8 +445,11 @@ def print_profile(prof) -> None:
     if prof.tpu_model:
         m = prof.tpu_model
         console.print(f"emulated Edge TPU ({m.get('model', '?')}): efficiency {m['efficiency']:.3f} of "
-                      f"{m['peak_macs_per_s'] / 1e12:g}e12 MAC/s, {m.get('op_ms', 0) * 1e3:.1f} us per op, overlap "
-                      f"{m.get('overlap', 0):.2f}, overhead {m['overhead_ms']:.3f} ms, link {m['link_bytes_per_s'] / 1e6:g} MB/s "
+                      f"{m['peak_macs_per_s'] / 1e12:g}e12 MAC/s, "
+                      f"depthwise {m.get('dw_efficiency') or m['efficiency']:.3f}, "
+                      f"{m.get('op_ms', 0) * 1e3:.1f} us per op, {m.get('act_ns_per_byte', 0):.3f} ns per activation "
+                      f"byte, overlap {m.get('overlap', 0):.2f}, overhead {m['overhead_ms']:.3f} ms, "
+                      f"link {m['link_bytes_per_s'] / 1e6:g} MB/s "
                       f"(fitted on {', '.join(m['calibration'].get('hosts', []))} rows of the Coral benchmarks)")
 
 
@@ -512,7 +515,8 @@ def cmd_profile_emulator(args, params) -> int:
                   + ", ".join(f"{h} median {v[len(v) // 2]:.1%} max {v[-1]:.1%}" for h, v in by_host.items()))
     p = cal["params"]
     console.print(f"fitted on every host: efficiency {p['efficiency']:.4f} (of {tpu.peak_macs_per_s:g} MAC/s), "
-                  f"{p['op_ms'] * 1e3:.1f} us per op, overlap {p['overlap']:.3f}; per host: "
+                  f"depthwise efficiency {p['dw_efficiency']:.4f}, {p['op_ms'] * 1e3:.1f} us per op, activation "
+                  f"traffic {p['act_ns_per_byte']:.3f} ns/B, overlap {p['overlap']:.3f}; per host: "
                   + ", ".join(f"{h} overhead {p['overhead_ms'][h]:.3f} ms, link efficiency "
                               f"{p['link_efficiency'][h]:.3f}" for h in cal["hosts"]))
     console.print(f"{args.host}: link {tpu.link_bytes_per_s / 1e6:.0f} MB/s effective, "

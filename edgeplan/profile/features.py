@@ -48,9 +48,9 @@ def tpu_workload(graph: TfliteGraph, report: CompileReport | None,
     else:
         onchip, offchip = report.onchip_param_bytes, report.offchip_param_bytes
     ops = graph.ops[:end]
-    acts = [sum(_nbytes(graph, x) for x in graph.activations(op)) + sum(_nbytes(graph, o) for o in op.outputs)
-            for op in ops]
-    tensors = {x for op in ops for x in (*graph.activations(op), *op.outputs)}  # each written or read once
+    per_op = [(*graph.activations(op), *op.outputs) for op in ops]
+    acts = [sum(_nbytes(graph, x) for x in ts) for ts in per_op]
+    tensors = set().union(*per_op)  # each written or read once
     return TpuWorkload(macs=sum(graph.op_macs[:end]), onchip_param_bytes=onchip, offchip_param_bytes=offchip,
                        input_bytes=ins, output_bytes=outs, ops=end,
                        activation_bytes=sum(_nbytes(graph, x) for x in tensors),

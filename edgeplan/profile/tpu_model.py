@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache
 from pathlib import Path
 
@@ -54,7 +54,6 @@ LINK_BYTES_PER_S = 5.0e8
 MODEL_VERSION = "edgeplan-tpu-model-2"
 # each host's published link rate, bytes/s of payload (see above)
 HOST_LINKS = {"desktop": 5.0e8, "rpi4b": 5.0e8, "devboard": 5.0e8}
-FIXED: dict = {}  # shared parameters the shipped model does not fit (held at these values)
 
 DATA = Path(__file__).parent / "data"
 BENCHMARKS_CSV = DATA / "coral_usb_benchmarks.csv"
@@ -141,7 +140,7 @@ class EmulatedEdgeTpu:
 
 @dataclass(frozen=True)
 class Fit:
-    """The jointly fitted parameters: shared (``efficiency``, ``op_ms``, ``overlap``) and per host."""
+    """The jointly fitted parameters: shared (``SHARED``) and per host (``PER_HOST``)."""
 
     efficiency: float
     op_ms: float
@@ -188,7 +187,7 @@ def fit(rows: list[CalibrationRow], peak_macs_per_s: float = PEAK_MACS_PER_S,
     bounds (``SHARED``, ``PER_HOST``); ``fixed`` holds shared parameters out of the fit at given values."""
     from scipy.optimize import least_squares
 
-    fixed = {**FIXED, **(fixed or {})}
+    fixed = fixed or {}
     shared = [k for k in SHARED if k not in fixed]
     hosts = sorted({r.host for r in rows})
     n = len(hosts)
@@ -219,12 +218,12 @@ def leave_one_architecture_out(rows: list[CalibrationRow], peak: float = PEAK_MA
                                links: dict[str, float] | None = None, fixed: dict | None = None) -> list[dict]:
     """Each architecture's rows (every host) predicted by the model fitted on the other architectures: relative
     error (predicted/measured - 1) and the term that dominates the prediction."""
+    links = {**HOST_LINKS, **(links or {})}
     out = []
     for arch in dict.fromkeys(f"{r.model}@{r.input}" for r in rows):
         held = [r for r in rows if f"{r.model}@{r.input}" == arch]
         f = fit([r for r in rows if f"{r.model}@{r.input}" != arch], peak, links, fixed)
-        for r in held:
-            out.append(_row(r, f.device(r.host, peak, {**HOST_LINKS, **(links or {})}.get(r.host))))
+        out += [_row(r, f.device(r.host, peak, links.get(r.host))) for r in held]
     return out
 
 
@@ -270,9 +269,9 @@ def calibrated(peak_macs_per_s: float = PEAK_MACS_PER_S, fit_path: Path = FIT_JS
 
 def fit_document(peak_macs_per_s: float = PEAK_MACS_PER_S) -> dict:
     """What ``data/coral_usb_fit.json`` holds: the fit of the shipped rows (scipy: pipeline only)."""
+    rows = calibration_rows()
     return {"model": MODEL_VERSION, "peak_macs_per_s": peak_macs_per_s,
-            "rows": [f"{r.model}@{r.input}/{r.host}" for r in calibration_rows()],
-            "fit": asdict(fit(calibration_rows(), peak_macs_per_s))}
+            "rows": [f"{r.model}@{r.input}/{r.host}" for r in rows], "fit": asdict(fit(rows, peak_macs_per_s))}
 
 
 @cache
@@ -291,7 +290,7 @@ def for_host(host: str, peak_macs_per_s: float = PEAK_MACS_PER_S, link_bytes_per
     rows = calibration_rows()
     link = link_bytes_per_s if link_bytes_per_s is not None else HOST_LINKS.get(host, LINK_BYTES_PER_S)
     tpu = f.device(host, peak_macs_per_s, link, onchip_param_bytes)
-    return f.device(host, peak_macs_per_s, link, onchip_param_bytes, {
+    return replace(tpu, calibration={
         "hosts": sorted({r.host for r in rows}),
         "host": host,
         "rows": [f"{r.model}@{r.input}/{r.host}" for r in rows],
