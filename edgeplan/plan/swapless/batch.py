@@ -127,15 +127,18 @@ class BatchScorer:
             miss2 = (t_load + base) ** 2 - base**2
         fields = np.concatenate([np.stack([
             on * lam,  # RATE_ON: lambda_i when the model has a prefix
-            base,
+            # the TPU's per-request sums (E[S], E[S^2], the prefix's own latency) read base, base2, pre weighted
+            # by each model's share of requests, plus t_load, miss2, t_load weighted by its share times alpha
+            base,  # the TPU's service without a reload
             base**2 + var_tpu,  # BASE2: its second moment
+            io + s_tpu,  # PREFIX: the prefix's latency before queueing and reloads (eq. (4))
+            t_load,
             miss2,  # MISS2: what a reload adds to the second moment
             t_load,
-            io + s_tpu,  # PREFIX: the prefix's latency before queueing and reloads (eq. (4))
             on * (np.minimum(footprint, self.capacity) if refined else footprint),  # FOOT (LRU: at most C)
             lam * s_cpu,  # LOAD: lambda_i s^CPU
             suffix,  # SUFFIX: 1 where the model keeps a CPU suffix
-        ]), wait, spread])  # (field, model, point)
+        ]), wait, spread + lam * s_cpu])  # (field, model, point); the last: the CPU cost beside the wait
         self.k1 = k_max + 1
         self.flat = fields.reshape(len(fields), n * width)  # model i's point p at i * width + p
         self.offsets = (np.arange(n) * width)[:, None]
@@ -173,33 +176,28 @@ class BatchScorer:
         """``score``'s figures for each row of ``points`` (m, n), the best cores of any row on request."""
         pts = np.asarray(points).T  # (n, m)
         f = self.flat.take(self.offsets + pts, axis=1)  # (field, n, m): one gather for every per-point table
-        rate_on, base, base2, miss2, t_load, pre, foot, load = f[:8]  # (f[8], SUFFIX, for unstable rows)
-        wait_cost, spread = f[9:9 + self.k1], f[9 + self.k1:]
+        rate_on, foot, load, suffix = f[0], f[7], f[8], f[9]
+        wait_cost, cpu_rest = f[10:10 + self.k1], f[10 + self.k1:]
         lam = rate_on.sum(axis=0)
         with np.errstate(invalid="ignore"):  # inf / inf for an unusable prefix: that candidate is unstable
             w = rate_on / np.maximum(lam, 1e-300)  # each model's share of the TPU's requests
+            es, es2, pre = (f[1:4] * w).sum(axis=1)  # eq. (2); sum_i lambda_i prefix_i is lam * pre
             if self.may_spill:  # (nearly every batch then has a candidate that overflows: 93% of them did)
-                alpha = self._alpha(pts, w, foot)
-                reload = alpha * t_load
-                es = (w * (reload + base)).sum(axis=0)  # eq. (2)
-                es2 = (w * (base2 + alpha * miss2)).sum(axis=0)
-                tpu_cost = (rate_on * (pre + reload)).sum(axis=0)
-            else:  # every prefix stays on chip: alpha = 0
-                es = (w * base).sum(axis=0)  # eq. (2)
-                es2 = (w * base2).sum(axis=0)
-                tpu_cost = (rate_on * pre).sum(axis=0)
+                more = (f[4:7] * (w * self._alpha(pts, w, foot))).sum(axis=1)  # the reloads' share
+                es += more[0]
+                es2 += more[1]
+                pre += more[2]
             rho = lam * es
             tpu_ok = rho < 1
-            w_tpu = lam * es2 / (2 * np.maximum(1 - rho, 1e-300))  # eq. (1)
-            tpu_cost = tpu_cost + lam * w_tpu  # sum over models of lambda_i times eq. (4)'s TPU part
-            if self.refined:  # QNA: the TPU's departures, then the split to each model (1 off the TPU)
-                scv_service = es2 / np.maximum(es * es, 1e-300) - 1
-                rho2 = rho * rho
-                scv_dep = np.where(tpu_ok, rho2 * scv_service + (1 - rho2), 1.0)
-                wait_cost = np.maximum(1 + w * (scv_dep - 1), 1e-12) * wait_cost  # (k, n, m)
-        cost = wait_cost  # the batch's own copy (gathered above): summed in place
-        cost += spread
-        cost += load  # lambda_i (E[W^CPU] + s^CPU) per core count k, model, candidate
+            w_tpu = lam * es2 / np.maximum(2 - 2 * rho, 1e-300)  # eq. (1)
+            tpu_cost = lam * (pre + w_tpu)  # sum over models of lambda_i times eq. (4)'s TPU part
+            if self.refined:  # QNA: the TPU's departures (scv rho^2 c_s^2 + 1 - rho^2), then the split to
+                # each model (1 off the TPU): the wait scales by 1 + w_i (scv_dep - 1)
+                dep = np.where(tpu_ok, rho * rho * (es2 / np.maximum(es * es, 1e-300) - 2), 0.0)
+                cost = np.maximum(1 + w * dep, 1e-12) * wait_cost  # (k, n, m)
+            else:
+                cost = wait_cost  # the batch's own copy (gathered above)
+        cost += cpu_rest  # lambda_i (E[W^CPU] + s^CPU) per core count k, model, candidate
 
         # dynamic program over models: dp[u, c] = least cost of the models so far with u cores used, above a
         # row of inf that dp_from reads where a model would take more cores than are used
@@ -219,7 +217,7 @@ class BatchScorer:
             # the CPU's pressure: the cores its suffixes need at least (floor(load) + 1 each: a suffix's M/D/k is
             # stable only on more cores than its load) per core, its load per core breaking ties so that a climb
             # sees its way down a plateau of equal needs
-            need = ((np.floor(load) + 1) * f[8]).sum(axis=0)
+            need = ((np.floor(load) + 1) * suffix).sum(axis=0)
             pressure = np.maximum(rho, need / self.cores) + 1e-3 * load.sum(axis=0) / self.cores
             key = np.where(stable, objective, UNSTABLE * (1 + pressure))
         return Scored(key, objective, dp, trials)
