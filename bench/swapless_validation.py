@@ -20,7 +20,8 @@ Keys:
   made with analysis.max_points 10 have 12), over 100 instances, each timed as the median of 5 runs;
   decision_time_ms_median_warm / _p99_warm: the online case, the rates drifted by a factor e^u, u uniform in
   [-0.3, 0.3], since the configuration in use was chosen (the refined optimum at the rates before), the search
-  started from that configuration alone; decision_within_2pct_fraction(_warm): how often each is within 2% of
+  started from that configuration (and, as every warm search, from every model at its first point);
+  decision_within_2pct_fraction(_warm): how often each is within 2% of
   the exact optimum on these instances, decision_infeasible_count(_warm) how often each found no configuration
   where the exact search found one. Algorithm 1's time beside them, timed alternately in the same loop,
   and the median per-instance ratio (decision_time_ratio_vs_algorithm1) — the machine's speed drifts, the

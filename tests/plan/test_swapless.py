@@ -198,8 +198,9 @@ def test_refined_mostly_optimal():
 @settings(max_examples=30, deadline=None)
 @given(instances(), st.integers(0, 2**32 - 1))
 def test_refined_warm_starts(inst, seed):
-    """From given starts only (the online case), the search ends no worse than any start and no better than
-    the optimum; a start that is not a partitioning of the models is refused."""
+    """From given starts (the online case; the search adds every model at its first point), it ends no worse
+    than any start and no better than the optimum; a start that is not a partitioning of the models is
+    refused."""
     import random
 
     rng = random.Random(seed)

@@ -7,8 +7,8 @@
   their distance to stability so the climb first reaches a stable one; started from every model at its middle
   point, at a quarter of its points, and each model alone on the TPU, the climbs in lockstep and each round's
   neighbours scored in numpy batches (``batch.BatchScorer``), then trades (two models moved in opposite
-  directions) from the best; online, from the configuration in use and the plan's nearest rate regime only
-  (warm);
+  directions) from the best; online, from the configuration in use and the plan's nearest rate regime, and
+  every model at its first point (warm);
 - ``exact`` — the optimum, as oracle: for each partitioning the objective separates into the TPU part
   (fixed by the partitioning) and per-model CPU parts, so the cores are placed by a small dynamic program.
 
@@ -117,15 +117,15 @@ def refined(inst: Instance, variant: str = "refined", use_alpha: bool = True, st
     from several starts climbing in lockstep: every model at its middle point, every model at a quarter of its
     points, and each model alone on the TPU (climbs from all-CPU and all-TPU, and from each model alone on the
     CPU, ended no better on 100 instances of 4 models x 12 points and cost time); or, warm, from ``starts``
-    only: the partitioning in use and the plan's nearest rate regime, the online case, where rates drift and
-    the best partitioning is rarely far. A move puts one model at any of its points; unstable partitionings
-    are ranked by how far they are from stability, so a climb first walks to a stable one. Then trades from
-    the best climb: two models moved at once in opposite directions, the climb resumed after each that
-    improves it (single moves alone ended within 2% of the optimum on 86 of those 100 instances, with trades
-    on 98; on the benchmark's 99, 95 with the quarter start, 93 without). Each round scores the not-yet-seen
-    neighbours of every live climb in batches (``BatchScorer``, at most ``CHUNK`` partitionings each); a start
-    is its own neighbour, scored in the first round; the best partitioning's cores are read from the batch
-    that scored it."""
+    (the partitioning in use and the plan's nearest rate regime, the online case, where rates drift and the
+    best partitioning is rarely far) and every model at its first point. A move puts one model at any of its
+    points; unstable partitionings are ranked by how far they are from stability, so a climb first walks to a
+    stable one. Then trades from the best climb: two models moved at once in opposite directions, the climb
+    resumed after each that improves it (single moves alone ended within 2% of the optimum on 86 of those 100
+    instances, with trades on 98; on the benchmark's 99, 95 with the quarter start, 93 without). Each round
+    scores the not-yet-seen neighbours of every live climb in batches (``BatchScorer``, at most ``CHUNK``
+    partitionings each); a start is its own neighbour, scored in the first round; the best partitioning's cores
+    are read from the batch that scored it."""
     n = len(inst.models)
     lasts = np.array([m.last for m in inst.models])
     scorer = BatchScorer(inst, variant, use_alpha)
@@ -136,6 +136,10 @@ def refined(inst: Instance, variant: str = "refined", use_alpha: bool = True, st
                 raise ValueError(f"start {s} is not a partitioning of these {n} models")
         if not starts:
             raise ValueError("no start given")
+        # and every model at its first point: drifted rates can move the optimum several models at once towards
+        # the CPU, which no single move or trade from the partitioning in use reaches (99 benchmark decisions
+        # within 2% of the optimum: 93 -> 97; 96 -> 99 and 93 -> 95 on two other draws of 99; ~35% more time)
+        starts.add(tuple(int(min(1, last)) for last in lasts))
     else:
         starts = {tuple(lasts // 2), tuple(lasts // 4)}
         if n > 1:  # one model wholly on the TPU, the others on the CPU
