@@ -5,10 +5,10 @@
   model at any of its points), each partitioning scored with its best core allocation (a DP over cores: with
   more models than cores, constraint (8) simply forces some suffixes away), unstable partitionings ranked by
   their distance to stability so the climb first reaches a stable one; started from every model at its middle
-  point, at a quarter of its points, and each model alone on the TPU, the climbs in lockstep and each round's
-  neighbours scored in numpy batches (``batch.BatchScorer``), then trades (two models moved in opposite
-  directions) from the best; online, from the configuration in use and the plan's nearest rate regime, and
-  every model at its first point (warm);
+  point, at a quarter of its points, at its first point, and each model alone on the TPU, the climbs in
+  lockstep and each round's neighbours scored in numpy batches (``batch.BatchScorer``), then trades (two
+  models moved in opposite directions) from the best; online, from the configuration in use and the plan's
+  nearest rate regime, and every model at its first point (warm);
 - ``exact`` — the optimum, as oracle: for each partitioning the objective separates into the TPU part
   (fixed by the partitioning) and per-model CPU parts, so the cores are placed by a small dynamic program.
 
@@ -29,8 +29,9 @@ from edgeplan.plan.swapless.queueing import INF, cpu_part, evaluate, tpu_state
 
 # A batch scores at most this many partitionings: larger ones cross glibc's mmap and trim thresholds, and every
 # batch then pays fresh page faults (864 partitionings: 0.66 ms in one batch, 0.34 ms in four of 216). 320 holds
-# a first round at 4 models x 12 points (six starts' neighbourhoods, up to 288): at 256 it took two batches, and
-# the search 7-10% longer (interleaved, 60 instances; 10 page faults per search instead of 24).
+# a first round at 4 models x 12 points (seven starts' neighbourhoods, 306 partitionings): at 256 the first round
+# (then six starts) took two batches, and the search 7-10% longer (interleaved, 60 instances; 10 page faults per
+# search instead of 24).
 CHUNK = 320
 
 
@@ -115,8 +116,9 @@ def _pairs(lasts: tuple[int, ...]) -> np.ndarray:
 def refined(inst: Instance, variant: str = "refined", use_alpha: bool = True, starts=None) -> Allocation:
     """Steepest descent over partitionings, each scored with its best core allocation (a DP over cores),
     from several starts climbing in lockstep: every model at its middle point, every model at a quarter of its
-    points, and each model alone on the TPU (climbs from all-CPU and all-TPU, and from each model alone on the
-    CPU, ended no better on 100 instances of 4 models x 12 points and cost time); or, warm, from ``starts``
+    points, every model at its first point, and each model alone on the TPU (climbs from all-CPU and all-TPU,
+    and from each model alone on the CPU, ended no better on 100 instances of 4 models x 12 points and cost
+    time); or, warm, from ``starts``
     (the partitioning in use and the plan's nearest rate regime, the online case, where rates drift and the
     best partitioning is rarely far) and every model at its first point. A move puts one model at any of its
     points; unstable partitionings are ranked by how far they are from stability, so a climb first walks to a
@@ -136,14 +138,15 @@ def refined(inst: Instance, variant: str = "refined", use_alpha: bool = True, st
                 raise ValueError(f"start {s} is not a partitioning of these {n} models")
         if not starts:
             raise ValueError("no start given")
-        # and every model at its first point: drifted rates can move the optimum several models at once towards
-        # the CPU, which no single move or trade from the partitioning in use reaches (99 benchmark decisions
-        # within 2% of the optimum: 93 -> 97; 96 -> 99 and 93 -> 95 on two other draws of 99; ~35% more time)
-        starts.add(tuple(int(min(1, last)) for last in lasts))
     else:
         starts = {tuple(lasts // 2), tuple(lasts // 4)}
         if n > 1:  # one model wholly on the TPU, the others on the CPU
             starts |= {tuple(int(lasts[j]) if j == i else 0 for j in range(n)) for i in range(n)}
+    # and every model at its first point: the optimum can lie several models at once towards the CPU from where
+    # the other climbs end, which no single move or trade reaches (99 benchmark decisions within 2% of the
+    # optimum, warm: 93 -> 97, for ~35% more time; cold: 95 -> 98, 98 -> 99 and 98 -> 99 on two other draws of
+    # 99, for 2-3%)
+    starts.add(tuple(int(min(1, last)) for last in lasts))
     current = np.array(sorted(starts), dtype=np.int64)
     # every partitioning by its mixed-radix code: its key once scored (nan: not yet)
     radix = np.cumprod([1, *(lasts[:-1] + 1)])
