@@ -74,7 +74,12 @@ def measured_missing(work: Path) -> list[str]:
 
 
 class Watcher:
-    """Polls the int8 model and the Prefect result files every 50 ms: how many versions of each were seen."""
+    """Polls the int8 model and the Prefect result files every 50 ms: how many versions of each were seen.
+
+    A result file counts a version only when it is whole (its bytes parse as JSON, as every Prefect result record
+    does): Prefect writes a record in place (open, write, close), so a poll can land between the open and the
+    write and see an empty or partial file that is not a second write (a CI run saw ingest's 472-byte record twice,
+    once mid-write, at the moment its run was killed; the rerun took it from the cache and never rewrote it)."""
 
     def __init__(self, work: Path):
         self.tflite, self.storage = work / "artifacts/m/1/model_int8.tflite", work / ".prefect" / "storage"
@@ -84,12 +89,21 @@ class Watcher:
         self._thread.start()
 
     def _look(self) -> None:
-        paths = [self.tflite, *(self.storage.iterdir() if self.storage.is_dir() else ())]
-        for p in paths:
+        try:
+            st = self.tflite.stat()  # written once per conversion, by rename: every version is whole
+            self.seen.setdefault(self.tflite.name, set()).add((st.st_ino, st.st_mtime_ns, st.st_size))
+        except OSError:
+            pass
+        for p in self.storage.iterdir() if self.storage.is_dir() else ():
             try:
-                st = p.stat()
-            except OSError:
-                continue
+                with open(p, "rb") as f:
+                    data = f.read()
+                    st = os.fstat(f.fileno())
+                if len(data) != st.st_size:
+                    continue  # written to while read
+                json.loads(data)
+            except (OSError, ValueError):
+                continue  # gone, or not whole yet
             self.seen.setdefault(p.name, set()).add((st.st_ino, st.st_mtime_ns, st.st_size))
 
     def _poll(self) -> None:
@@ -97,7 +111,7 @@ class Watcher:
             self._look()
 
     def stop(self) -> tuple[int, int]:
-        """(versions of the int8 model, result files written more than once)."""
+        """(versions of the int8 model, result files written whole more than once)."""
         self._stop.set()
         self._thread.join()
         self._look()
