@@ -78,8 +78,9 @@ class Watcher:
 
     A result file counts a version only when it is whole (its bytes parse as JSON, as every Prefect result record
     does): Prefect writes a record in place (open, write, close), so a poll can land between the open and the
-    write and see an empty or partial file that is not a second write (a CI run saw ingest's 472-byte record twice,
-    once mid-write, at the moment its run was killed; the rerun took it from the cache and never rewrote it)."""
+    write and see an empty or partial file that is not a second write. (A CI run failed 'completed tasks ran again'
+    in the worker trial; whether by such a poll or by a record the kill tore, which the rerun rewrote, is not
+    known.)"""
 
     def __init__(self, work: Path):
         self.tflite, self.storage = work / "artifacts/m/1/model_int8.tflite", work / ".prefect" / "storage"
