@@ -119,9 +119,9 @@ def refined(inst: Instance, variant: str = "refined", use_alpha: bool = True, st
     points, every model at its first point, and each model alone on the TPU (climbs from all-CPU and all-TPU,
     and from each model alone on the CPU, ended no better on 100 instances of 4 models x 12 points and cost
     time); or, warm, from ``starts`` (the partitioning in use and the plan's nearest rate regime, the online
-    case, where rates drift and the best partitioning is rarely far) and every model at its first point. A move puts one model at any of its
-    points; unstable partitionings are ranked by how far they are from stability, so a climb first walks to a
-    stable one. Then trades from the best climb: two models moved at once in opposite directions, the climb
+    case, where rates drift and the best partitioning is rarely far) and every model at its first point. A move
+    puts one model at any of its points; unstable partitionings are ranked by how far they are from stability,
+    so a climb first walks to a stable one. Then trades from the best climb: two models moved at once in opposite directions, the climb
     resumed after each that improves it (single moves alone ended within 2% of the optimum on 86 of those 100
     instances, with trades on 98; on the benchmark's 99, 95 with the quarter start, 93 without). Each round
     scores the not-yet-seen neighbours of every live climb in batches (``BatchScorer``, at most ``CHUNK``

@@ -25,6 +25,9 @@ from edgeplan.plan.swapless.instance import Instance
 from edgeplan.plan.swapless.queueing import eq3_formula
 
 UNSTABLE = 1e15  # keys of unstable partitionings: UNSTABLE * (1 + distance to stability), above any objective
+# rows of BatchScorer's stacked per-point table (``fields`` in __init__); WAIT then the core counts' waits, and after
+# them the CPU cost beside the wait, one row per core count
+RATE_ON, TPU_SUMS, RELOAD_SUMS, FOOT, LOAD, SUFFIX, WAIT = 0, slice(1, 4), slice(4, 7), 7, 8, 9, 10
 
 
 @lru_cache(maxsize=64)
@@ -127,18 +130,18 @@ class BatchScorer:
             miss2 = (t_load + base) ** 2 - base**2
         fields = np.concatenate([np.stack([
             on * lam,  # RATE_ON: lambda_i when the model has a prefix
-            # the TPU's per-request sums (E[S], E[S^2], the prefix's own latency) read base, base2, pre weighted
-            # by each model's share of requests, plus t_load, miss2, t_load weighted by its share times alpha
+            # TPU_SUMS, weighted by each model's share of requests: E[S], E[S^2] and the prefix's own latency
             base,  # the TPU's service without a reload
-            base**2 + var_tpu,  # BASE2: its second moment
-            io + s_tpu,  # PREFIX: the prefix's latency before queueing and reloads (eq. (4))
+            base**2 + var_tpu,  # its second moment
+            io + s_tpu,  # the prefix's latency before queueing and reloads (eq. (4))
+            # RELOAD_SUMS, what a reload adds to each, weighted by the share times alpha
             t_load,
-            miss2,  # MISS2: what a reload adds to the second moment
+            miss2,  # to the second moment
             t_load,
             on * (np.minimum(footprint, self.capacity) if refined else footprint),  # FOOT (LRU: at most C)
             lam * s_cpu,  # LOAD: lambda_i s^CPU
             suffix,  # SUFFIX: 1 where the model keeps a CPU suffix
-        ]), wait, spread + lam * s_cpu])  # (field, model, point); the last: the CPU cost beside the wait
+        ]), wait, spread + lam * s_cpu])  # (field, model, point): WAIT, then the CPU cost beside the wait
         self.k1 = k_max + 1
         self.flat = fields.reshape(len(fields), n * width)  # model i's point p at i * width + p
         self.offsets = (np.arange(n) * width)[:, None]
@@ -176,14 +179,14 @@ class BatchScorer:
         """``score``'s figures for each row of ``points`` (m, n), the best cores of any row on request."""
         pts = np.asarray(points).T  # (n, m)
         f = self.flat.take(self.offsets + pts, axis=1)  # (field, n, m): one gather for every per-point table
-        rate_on, foot, load, suffix = f[0], f[7], f[8], f[9]
-        wait_cost, cpu_rest = f[10:10 + self.k1], f[10 + self.k1:]
+        rate_on, foot, load, suffix = f[RATE_ON], f[FOOT], f[LOAD], f[SUFFIX]
+        wait_cost, cpu_rest = f[WAIT:WAIT + self.k1], f[WAIT + self.k1:]
         lam = rate_on.sum(axis=0)
         with np.errstate(invalid="ignore"):  # inf / inf for an unusable prefix: that candidate is unstable
             w = rate_on / np.maximum(lam, 1e-300)  # each model's share of the TPU's requests
-            es, es2, pre = (f[1:4] * w).sum(axis=1)  # eq. (2); sum_i lambda_i prefix_i is lam * pre
+            es, es2, pre = (f[TPU_SUMS] * w).sum(axis=1)  # eq. (2); sum_i lambda_i prefix_i is lam * pre
             if self.may_spill:  # (nearly every batch then has a candidate that overflows: 93% of them did)
-                more = (f[4:7] * (w * self._alpha(pts, w, foot))).sum(axis=1)  # the reloads' share
+                more = (f[RELOAD_SUMS] * (w * self._alpha(pts, w, foot))).sum(axis=1)  # the reloads' share
                 es += more[0]
                 es2 += more[1]
                 pre += more[2]
