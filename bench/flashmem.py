@@ -18,7 +18,9 @@ Keys (ratios and errors are fractions):
 - peak_rss_ratio: geometric mean over the models of median peak (plan) / median peak (preload). [Table 8]
 - integrated_latency_ratio: geometric mean of median request time (read + build + run, cold), plan / preload.
 - always_next_over_plan: VGG19's median request time always-next / plan; same_op_over_plan likewise; every
-  model's in ``models``. [Fig. 9]
+  model's in ``models``. [Fig. 9] Beside it, always_next_over_read_floor: always-next over the read floor (the
+  plan's segments read cold and hashed by the runtime's readers, nothing built or run, interleaved with the
+  modes): no plan streams faster than that floor, so always-next / plan cannot exceed this ratio here.
 - fifo_peak_ratio: the four models FIFO, ``--fifo-iterations`` rounds each, peak plan / preload. [Fig. 6]
 - tradeoff: ResNet50V2 re-planned over M_peak and lambda, each measured (peak, time). [Fig. 8]
 - solver: LC-OPG on real layer lists — DenseNet201's streaming layers (measured capacities) and GPT-Neo
@@ -60,6 +62,7 @@ EDGEPLAN = [sys.executable, "-m", "edgeplan.cli"]
 MODELS = {"ResNet50V2": "resnet50v2_224", "DenseNet201": "densenet201_224", "InceptionV3": "inceptionv3_299",
           "VGG19": "vgg19_224"}
 MODES = ("preload", "plan", "always-next", "same-op-type")
+READ_FLOOR = "read-floor"  # the segments read cold and hashed, nothing else: a streamed request's floor here
 CLASS = "coral-usb-emulated"  # its CPU is measured here; nothing of its (emulated) Edge TPU enters
 # GPT-Neo published configs (EleutherAI, Hugging Face config.json): layers, hidden, vocabulary, positions
 GPT_NEO = {"GPT-Neo-125M": (12, 768, 50257, 2048), "GPT-Neo-1.3B": (24, 2048, 50257, 2048)}
@@ -133,9 +136,49 @@ def plan(work: Path, dep: str, zoo: str, m_peak: int, lam: float | None = None):
 
 
 # ---------------------------------------------------------------------------------------------- measuring
+def read_floor(spec: dict) -> dict:
+    """The least time any streamed request of the model can take here: its plan's segments, their pages dropped,
+    read and hashed by the runtime's reader threads and read path (``stream.READERS``, ``Streamer._read``) with no
+    wait for a position, nothing built or run. Shaped as a FIFO child's result (one request, its ms)."""
+    import threading
+
+    from edgeplan.plan.flashmem.plan import FlashMemPlan
+    from edgeplan.runtime import fifo, stream
+
+    (m,) = spec["models"]
+    (mp,) = FlashMemPlan.load(Path(m["plan"])).models
+    base = Path(m["plan"]).parent.parent
+    segs = [stream.Segment(base / s.file, s.sha256, s.size, s.op, s.first_layer, s.last_layer, s.inputs)
+            for s in mp.segments]
+    steps = stream.schedule(segs, "serial")
+    streamer = stream.Streamer(segs, steps, lambda data: None)
+    fifo._drop_cache([s.path for s in segs])
+    turn = iter(range(len(segs)))
+    lock = threading.Lock()
+
+    def reader():
+        while True:
+            with lock:
+                k = next(turn, None)
+            if k is None:
+                return
+            streamer._read(k, steps[k], stream.SegmentLog(steps[k].build), lambda pos: True)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=reader) for _ in range(stream.READERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"peak_bytes": 0, "requests": [{"ms": (time.perf_counter() - t0) * 1e3, "stall_ms": 0.0}]}
+
+
 def child(spec: dict) -> dict:
     """One configuration in this fresh process: the FIFO of ``spec['models']``, as ``edgeplan-runtime fifo``."""
     from functools import partial
+
+    if spec["mode"] == READ_FLOOR:
+        return read_floor(spec)
 
     from edgeplan.plan.flashmem.plan import FlashMemPlan
     from edgeplan.quantize import litert
@@ -434,9 +477,10 @@ def main() -> int:
             (mp,) = fp.models
             log(f"{name}: measuring {', '.join(MODES)}")
             configs = {mode: {"mode": mode, "iterations": args.iterations, "models": [entry(d, path)]}
-                       for mode in MODES}
+                       for mode in (*MODES, READ_FLOOR)}
             runs = measure_configs(configs, args.rounds, seed=len(per_model))
             s = {mode: summary(runs[mode]) for mode in MODES}
+            floor = summary(runs[READ_FLOOR])["ms"]
             pre = s["preload"]
             per_model[name] = {
                 "m_peak_bytes": fp.m_peak, "segments": len(mp.segments), "layers": len(mp.plan.resident_bytes),
@@ -445,6 +489,10 @@ def main() -> int:
                 "integrated_latency_ratio": s["plan"]["ms"] / pre["ms"],
                 "always_next_over_plan": s["always-next"]["ms"] / s["plan"]["ms"],
                 "same_op_over_plan": s["same-op-type"]["ms"] / s["plan"]["ms"],
+                "read_floor_ms": floor,
+                "read_floor_ms_runs": [round(r["requests"][0]["ms"], 2) for r in runs[READ_FLOOR]],
+                # no plan streams faster than its segments can be read cold: always-next / plan is at most this
+                "always_next_over_read_floor": s["always-next"]["ms"] / floor,
                 "always_next_peak_over_plan": s["always-next"]["peak_bytes"] / s["plan"]["peak_bytes"],
                 "rss_prediction_error": abs(mp.plan.peak_resident_bytes - s["plan"]["peak_bytes"])
                 / s["plan"]["peak_bytes"],
@@ -462,6 +510,8 @@ def main() -> int:
             result["always_next_over_plan"] = {"value": vgg["always_next_over_plan"] if vgg else None,
                                                "model": "VGG19" if vgg else "VGG19 not measured"}
             result["same_op_over_plan"] = {"value": vgg["same_op_over_plan"] if vgg else None}
+            result["always_next_over_read_floor"] = {"value": vgg["always_next_over_read_floor"] if vgg else None,
+                                                     "read_floor_ms": vgg["read_floor_ms"] if vgg else None}
             result["rss_prediction_error"] = max(m["rss_prediction_error"] for m in per_model.values())
             result["identical"] = int(all(all(m["identical"].values()) for m in per_model.values()))
     if "fifo" in parts and len(dirs) > 1:
