@@ -67,18 +67,33 @@ CLASS = "coral-usb-emulated"
 EDGEPLAN = [sys.executable, "-m", "edgeplan.cli"]
 
 
-def compile_models(work: Path, sizes: dict[str, int]) -> Path:
+def compile_models(work: Path, sizes: dict[str, int], max_points: int = 8) -> Path:
     from edgeplan.pipeline import stages
     from edgeplan.zoo import keras_apps
 
     params = params_mod.load(Path(__file__).resolve().parents[1] / "params.yaml")
-    params["analysis"]["max_points"] = 8
+    params["analysis"]["max_points"] = max_points
     for arch, size in sizes.items():
         print(f"[bench] compiling {arch} at {size}x{size} ...", flush=True)
         src = keras_apps.build(arch, size, work / "zoo" / f"{arch}_{size}")
         root = stages.ingest(src, arch, "1", work / "artifacts")
         stages.build(root, params)
     return work / "artifacts"
+
+
+def profiled(work: Path, archs: list[str], max_points: int = 10) -> Path:
+    """``work/artifacts/<Arch>/1`` compiled (``analysis.max_points``; 10 gives 12 points) and profiled for the
+    class at the default span, CPU prefixes included, for each of ``archs`` at its FULL_SIZES input; only what
+    is missing is made (about 5 minutes a model). The SwapLess benches' default when no ``--artifacts``."""
+    arts = work / "artifacts"
+    todo = [a for a in archs if not (arts / a / "1" / "profiles" / f"{CLASS}.json").is_file()]
+    fresh = [a for a in todo if not (arts / a / "1" / "analysis.json").is_file()]
+    if fresh:
+        compile_models(work, {a: FULL_SIZES[a] for a in fresh}, max_points)
+    for arch in todo:
+        print(f"[bench] profiling {arch} ...", flush=True)
+        profile(arts / arch / "1", params_mod.DEFAULTS["profile"]["span_s"])
+    return arts
 
 
 def profile(root: Path, span_s: float, keep: Path | None = None) -> tuple[Profile, float]:

@@ -15,7 +15,7 @@ Writes bench/results/swapless_figs.json and swapless_figs.png.
   requests in flight at a switch finish under the partition they started with, and none is lost
   (arrived == completed).
 
-`--artifacts DIR` as for bench/swapless_validation.py.
+`--artifacts DIR` as for bench/swapless_validation.py (the same default: .edgeplan/bench/swapless, made once).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine, publish, pyplot
+from profiling import profiled
 
 from edgeplan.plan.simulate.des import Phase, simulate, simulate_phases
 from edgeplan.plan.swapless import allocate, baselines, queueing
@@ -34,6 +35,8 @@ from edgeplan.plan.swapless.instance import Config, Instance
 from edgeplan.profile.schema import Profile
 
 CLASS = "coral-usb-emulated"
+WORK = Path(__file__).resolve().parents[1] / ".edgeplan" / "bench" / "swapless"  # the default --artifacts' home
+FIG_MODELS = ["MobileNetV2", "EfficientNetB0", "DenseNet201", "ResNet50V2", "Xception", "InceptionV3"]
 CAP = 8 * 1024 * 1024
 CORES = 4  # the paper's Raspberry Pi 5; CPU service times are this machine's, per core
 LAG_S = 2.0  # fig8: how long after a rate change the runtime re-allocates (its sliding rate window)
@@ -121,7 +124,7 @@ def fig6(arts: Path, requests: int) -> dict:
 
 
 def fig7(arts: Path, requests: int) -> dict:
-    names = ["MobileNetV2", "EfficientNetB0", "DenseNet201", "ResNet50V2", "Xception", "InceptionV3"]
+    names = FIG_MODELS
     out = {}
     for rho in (0.2, 0.5):
         for tenancy, groups in (("single", [[n] for n in names]),
@@ -213,10 +216,12 @@ def _weighted(means, counts) -> float | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--artifacts", type=Path, required=True)
+    ap.add_argument("--artifacts", type=Path, help="DIR/<Arch>/1/profiles/coral-usb-emulated.json (default: the models "
+                    f"compiled and profiled in {WORK}, made there when missing)")
     ap.add_argument("--quick", action="store_true", help="shorter simulations")
     args = ap.parse_args()
     requests = 5000 if args.quick else 30000
+    args.artifacts = args.artifacts or profiled(WORK, FIG_MODELS)
     result = {"quick": args.quick, "machine": machine(), "cores": CORES,
               "source": "TPU: EMULATED Edge TPU; CPU: real measurements (raw samples); latencies simulated",
               "fig5": fig5(args.artifacts, requests), "fig6": fig6(args.artifacts, requests),

@@ -30,7 +30,8 @@ Keys:
   at TPU utilisation 0.2 and 0.5 of the compiler default, single-tenant (each model) and multi-tenant
   (50:50 pairs); the paper reports 63.8% and 77.4% (up to).
 
-`--artifacts DIR` holds DIR/<Arch>/1/profiles/coral-usb-emulated.json (bench/profiling.py makes them).
+`--artifacts DIR` holds DIR/<Arch>/1/profiles/coral-usb-emulated.json; without it the six models are compiled
+(analysis.max_points 10) and profiled in .edgeplan/bench/swapless, once (``profiling.profiled``, ~30 minutes).
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 from _common import machine, publish, pyplot
+from profiling import profiled
 
 from edgeplan.plan.simulate.des import simulate
 from edgeplan.plan.swapless import allocate, baselines, queueing
@@ -55,6 +57,7 @@ from edgeplan.profile.schema import Profile
 
 MODELS = ["MobileNetV2", "EfficientNetB0", "DenseNet201", "ResNet50V2", "Xception", "InceptionV3"]
 CLASS = "coral-usb-emulated"
+WORK = Path(__file__).resolve().parents[1] / ".edgeplan" / "bench" / "swapless"  # the default --artifacts' home
 CAPACITY = 8 * 1024 * 1024
 DECISIONS = 100  # decision-time instances (4 models x 12 points x 4 cores)
 
@@ -117,12 +120,14 @@ def mape(pairs):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--artifacts", type=Path, required=True, help="DIR/<Arch>/1/profiles/coral-usb-emulated.json")
+    ap.add_argument("--artifacts", type=Path, help="DIR/<Arch>/1/profiles/coral-usb-emulated.json (default: the models "
+                    f"compiled and profiled in {WORK}, made there when missing)")
     ap.add_argument("--quick", action="store_true", help="fewer instances and shorter simulations")
     ap.add_argument("--instances", type=int, default=None)
     args = ap.parse_args()
     n_inst = args.instances or (12 if args.quick else 60)
     requests = 8000 if args.quick else 30000
+    args.artifacts = args.artifacts or profiled(WORK, MODELS)
     specs = {}
     for name in MODELS:
         path = args.artifacts / name / "1" / "profiles" / f"{CLASS}.json"
