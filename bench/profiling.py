@@ -81,6 +81,11 @@ def compile_models(work: Path, sizes: dict[str, int], max_points: int = 8) -> Pa
     return work / "artifacts"
 
 
+# the SwapLess benches' models and where they are compiled and profiled when no --artifacts is given
+SWAPLESS_MODELS = ["MobileNetV2", "EfficientNetB0", "DenseNet201", "ResNet50V2", "Xception", "InceptionV3"]
+SWAPLESS_WORK = Path(__file__).resolve().parents[1] / ".edgeplan" / "bench" / "swapless"
+
+
 def profiled(work: Path, archs: list[str], max_points: int = 10) -> Path:
     """``work/artifacts/<Arch>/1`` compiled (``analysis.max_points``; 10 gives 12 points) and profiled for the
     class at the default span, CPU prefixes included, for each of ``archs`` at its FULL_SIZES input; only what

@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine, publish, pyplot
-from profiling import profiled
+from profiling import SWAPLESS_MODELS, SWAPLESS_WORK, profiled
 
 from edgeplan.plan.simulate.des import Phase, simulate, simulate_phases
 from edgeplan.plan.swapless import allocate, baselines, queueing
@@ -35,8 +35,6 @@ from edgeplan.plan.swapless.instance import Config, Instance
 from edgeplan.profile.schema import Profile
 
 CLASS = "coral-usb-emulated"
-WORK = Path(__file__).resolve().parents[1] / ".edgeplan" / "bench" / "swapless"  # the default --artifacts' home
-FIG_MODELS = ["MobileNetV2", "EfficientNetB0", "DenseNet201", "ResNet50V2", "Xception", "InceptionV3"]
 CAP = 8 * 1024 * 1024
 CORES = 4  # the paper's Raspberry Pi 5; CPU service times are this machine's, per core
 LAG_S = 2.0  # fig8: how long after a rate change the runtime re-allocates (its sliding rate window)
@@ -124,7 +122,7 @@ def fig6(arts: Path, requests: int) -> dict:
 
 
 def fig7(arts: Path, requests: int) -> dict:
-    names = FIG_MODELS
+    names = SWAPLESS_MODELS
     out = {}
     for rho in (0.2, 0.5):
         for tenancy, groups in (("single", [[n] for n in names]),
@@ -217,11 +215,11 @@ def _weighted(means, counts) -> float | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--artifacts", type=Path, help="DIR/<Arch>/1/profiles/coral-usb-emulated.json (default: the models "
-                    f"compiled and profiled in {WORK}, made there when missing)")
+                    f"compiled and profiled in {SWAPLESS_WORK}, made there when missing)")
     ap.add_argument("--quick", action="store_true", help="shorter simulations")
     args = ap.parse_args()
     requests = 5000 if args.quick else 30000
-    args.artifacts = args.artifacts or profiled(WORK, FIG_MODELS)
+    args.artifacts = args.artifacts or profiled(SWAPLESS_WORK, SWAPLESS_MODELS)
     result = {"quick": args.quick, "machine": machine(), "cores": CORES,
               "source": "TPU: EMULATED Edge TPU; CPU: real measurements (raw samples); latencies simulated",
               "fig5": fig5(args.artifacts, requests), "fig6": fig6(args.artifacts, requests),

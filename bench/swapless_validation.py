@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 from _common import machine, publish, pyplot
-from profiling import profiled
+from profiling import SWAPLESS_MODELS, SWAPLESS_WORK, profiled
 
 from edgeplan.plan.simulate.des import simulate
 from edgeplan.plan.swapless import allocate, baselines, queueing
@@ -55,9 +55,8 @@ from edgeplan.plan.swapless.from_profiles import model_spec
 from edgeplan.plan.swapless.instance import Instance, ModelSpec
 from edgeplan.profile.schema import Profile
 
-MODELS = ["MobileNetV2", "EfficientNetB0", "DenseNet201", "ResNet50V2", "Xception", "InceptionV3"]
+MODELS = SWAPLESS_MODELS
 CLASS = "coral-usb-emulated"
-WORK = Path(__file__).resolve().parents[1] / ".edgeplan" / "bench" / "swapless"  # the default --artifacts' home
 CAPACITY = 8 * 1024 * 1024
 DECISIONS = 100  # decision-time instances (4 models x 12 points x 4 cores)
 
@@ -121,13 +120,13 @@ def mape(pairs):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--artifacts", type=Path, help="DIR/<Arch>/1/profiles/coral-usb-emulated.json (default: the models "
-                    f"compiled and profiled in {WORK}, made there when missing)")
+                    f"compiled and profiled in {SWAPLESS_WORK}, made there when missing)")
     ap.add_argument("--quick", action="store_true", help="fewer instances and shorter simulations")
     ap.add_argument("--instances", type=int, default=None)
     args = ap.parse_args()
     n_inst = args.instances or (12 if args.quick else 60)
     requests = 8000 if args.quick else 30000
-    args.artifacts = args.artifacts or profiled(WORK, MODELS)
+    args.artifacts = args.artifacts or profiled(SWAPLESS_WORK, MODELS)
     specs = {}
     for name in MODELS:
         path = args.artifacts / name / "1" / "profiles" / f"{CLASS}.json"
