@@ -35,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -53,11 +54,11 @@ REPEATS = 3
 MEDIANS = ("measured_ms", "predicted_ms", "model_ms", "simulated_ms", "predicted_from_profile_ms", "dispatch_ms",
            "suffix_served_ms", "suffix_profile_ms", "suffix_served_autocorrelation", "cpu_speed_factor")
 
-# service times well above the Python runtime's own ~0.3-0.5 ms per request (thread hand-offs on these VMs)
 # The runtime as the bench drives it: no request turned away, neither for the number in flight nor by latency-aware
 # admission (a 503 when the queue ahead would take over 1.4x the plan's latency while the model is overloaded):
 # the figures are the queue's latencies and the switches' failures, not the shedding (bench/_overload.py's).
 UNLIMITED = {"max_inflight": 100_000, "latency_budget": None}
+# service times well above the Python runtime's own ~0.3-0.5 ms per request (thread hand-offs on these VMs)
 MODELS = {"full": ("mobilenetv2_224", "resnet50v2_224"), "quick": ("tiny_cnn", "tiny_cnn")}
 
 
@@ -393,7 +394,7 @@ def switches(dest: Path, count: int = 100) -> dict:
         raise SystemExit(f"switches: {rt.switches - k0} of {count} made ({'; '.join(errors) or 'too slow'})")
     return {"switches": rt.switches - k0, "requests": len(records),
             "failed_requests_during_switches": sum(1 for r in records if r.status != 200),
-            "statuses": {str(c): sum(1 for r in records if r.status == c) for c in sorted({r.status for r in records})}}
+            "statuses": {str(c): n for c, n in sorted(Counter(r.status for r in records).items())}}
 
 
 def repull(work: Path, params: dict, store: Path, trusted: dict, dest: Path) -> dict:
