@@ -1,12 +1,15 @@
 """Parallax benchmark (issue 14): beside the paper's Tables 3-7, on this 2-vCPU host.
 
-Writes bench/results/parallax.json and parallax.png. Nothing here is EMULATED except Table 7's "post" column,
-which uses the emulated Edge TPU compiler's op placement (which ops would map, multiple subgraphs allowed) to
-contract the graph — no emulated time enters anywhere. A run without flags does everything below: about
-15 minutes once the models are compiled (reused from ``--work`` or from bench/flashmem's work directory).
+Writes bench/results/parallax.json and parallax.png. EMULATED: Table 7's "post" and "pruned" columns use the
+emulated Edge TPU compiler's op placement (which ops would map, multiple subgraphs allowed), "pruned" and
+``hetero_layer_reduction`` the emulated Edge TPU's modelled times; nothing else. A run without flags does
+everything below: about 20 minutes once the models are compiled (reused from ``--work`` or from bench/flashmem's
+work directory).
 
-Per model (InceptionV3, DenseNet201 — seeded Keras weights — and light_inception_v1, int8, XNNPACK kernels as the
-runtime uses them): branches and layers (``graph/branches``), refinement (3 ops, 1.5x FLOPs), the budget
+Per model (InceptionV3, DenseNet201 — seeded Keras weights —, light_inception_v1 and ``encoder``, the zoo's
+``vit_encoder``: a vision-transformer encoder built node by node, 196 tokens, 4 blocks of 4 heads, each head its
+own projections, so heads are branches and BATCH_MATMUL stays on the CPU; int8, XNNPACK kernels as the runtime
+uses them): branches and layers (``graph/branches``), refinement (3 ops, 1.5x FLOPs), the budget
 MemAvailable x (1 - 0.4), per-layer times measured and the choices confirmed end to end one layer at a time
 (``plan/parallax/measure``), the plan, its sub-models cut from the one int8 model. Configurations:
 - ``whole-1t`` / ``whole-2t``: the int8 model as one interpreter on 1 / 2 XNNPACK threads;
@@ -40,8 +43,12 @@ Keys (ratios and errors are fractions):
 - all_branches: InceptionV3 with every candidate layer forced branch-parallel (what the plan does when confirm
   keeps none is the whole model): the latency, arena and RSS ratios above for it.
 - identical: 1 if every configuration of every model and suffix gives the int8 model's bits.
+- hetero_layer_reduction: the encoder's layers whose branches are Edge TPU regions and CPU ops (Post
+  placement): 1 - concurrent / in turn, the Edge TPU branches on the EMULATED device's clock, the CPU branches
+  real (``hetero_layers``); the median over those layers is the value, the best layer and every layer beside
+  (with the layer all on the CPU, which delegate pruning chooses for these small regions). [Table 6, SwinV2
+  layer 53]
 - second_core_free: the median over rounds of the two-process probe ratio (about 1 when the core is free).
-Missing this run (said in ``missing``): the transformer encoder and the heterogeneous (Edge TPU + CPU) layer.
 """
 from __future__ import annotations
 
@@ -66,7 +73,7 @@ from _common import compiled, machine, publish, pyplot, second_core  # noqa: E40
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = {"InceptionV3": "inceptionv3_299", "DenseNet201": "densenet201_224",
-          "light_inception_v1": "light_inception_v1"}
+          "light_inception_v1": "light_inception_v1", "encoder": "vit_encoder"}
 WORKERS = 2
 MARGIN = 0.4  # of MemAvailable, the paper's 30-50 %
 CONFIGS = ("whole-1t", "whole-2t", "parallax", "all-branches", "tight")
@@ -254,6 +261,90 @@ def structure_rows(d: Path, graph, cpu_macs_per_s: float) -> dict:
                          "max_branches": max(len(t) for t in tasks)}}
 
 
+def hetero_layers(graph, cpu_macs_per_s: float, repeats: int = 25) -> dict:
+    """Table 6's heterogeneous layers (the paper's SwinV2 layer 53: 1 Edge TPU + 3 CPU branches) on the Post
+    placement: every region the emulated compiler maps (multiple subgraphs) is one Edge TPU branch, held for its
+    EMULATED offload time (``prune``'s L + F / R_acc + B / B_bw) on the device's clock, as the runtime's emulated
+    accelerator does (``engine.wait_until``); the CPU branches are real sub-models on real threads. Per layer
+    whose branches are each wholly Edge TPU or wholly CPU, with both kinds present, interleaved medians of:
+    - ``in_turn``: the Edge TPU part, then the CPU branches as one sub-model on 2 XNNPACK threads (a delegated
+      TFLite graph runs its partitions one after another);
+    - ``concurrent``: the CPU branches packed by LPT on the 2 CPU workers while the device's clock runs;
+    - ``cpu_only``: every branch on the CPU (what delegate pruning does with a region not worth offloading)."""
+    from edgeplan.graph.branches import from_tflite, structure
+    from edgeplan.plan.parallax.measure import activations
+    from edgeplan.plan.parallax.prune import prune
+    from edgeplan.plan.parallax.schedule import lpt
+    from edgeplan.profile import tpu_model
+    from edgeplan.profile.cpu import median_ms
+    from edgeplan.quantize.stream import cut_ops
+    from edgeplan.runtime.engine import wait_until
+    from edgeplan.runtime.parallel import ParallelRunner, Stage, SubModel, interpreter_for
+    from edgeplan.runtime.stream import invoke_named
+
+    tpu = tpu_model.for_host("desktop")
+    regions, _ = prune(graph, overhead_ms=tpu.overhead_ms, acc_macs_per_s=tpu.peak_macs_per_s * tpu.efficiency,
+                       link_bytes_per_s=tpu.link_bytes_per_s, cpu_macs_per_s=cpu_macs_per_s)
+    region_of = {i: r.index for r in regions for i in r.ops}
+    s = structure(from_tflite(graph, region_of))
+    live, build = activations(graph), interpreter_for(False)
+
+    def packed(tag: str, tasks: list[tuple[int, ...]]) -> ParallelRunner:
+        alone = []
+        for i, ops in enumerate(tasks):
+            it = build(cut_ops(graph, list(ops), f"{tag}t{i}"), 1)
+            alone.append(median_ms(lambda: invoke_named(it, live), 5))
+        subs = tuple(SubModel(f"{tag}w{w}", cut_ops(graph, sorted(v for i in b for v in tasks[i]), f"{tag}w{w}"), 1)
+                     for w, b in enumerate(lpt(alone, WORKERS)))
+        return ParallelRunner([Stage(0, subs)], build, workers=WORKERS)
+
+    rows, skipped = [], 0
+    for k, layer in enumerate(s.layers):
+        kinds = [{region_of.get(v) for v in s.branches[b].nodes} for b in layer]
+        on_tpu = [r for r in kinds if None not in r]
+        on_cpu = [s.branches[b].nodes for b, r in zip(layer, kinds) if r == {None}]
+        if len(on_tpu) + len(on_cpu) < len(layer):
+            skipped += 1  # a branch mixing both: not this table's case
+            continue
+        if not on_tpu or not on_cpu:
+            continue
+        held = sorted({r for rs in on_tpu for r in rs})
+        hold_s = sum(regions[r].offload_ms for r in held) / 1e3  # one device: its regions in turn (FCFS)
+        cpu_ops = sorted(v for nodes in on_cpu for v in nodes)
+        in_order = build(cut_ops(graph, cpu_ops, f"h{k}all"), WORKERS)
+        branches = packed(f"h{k}", on_cpu)
+        everything = packed(f"h{k}c", [*on_cpu, *(regions[r].ops for r in held)])
+
+        def in_turn():
+            wait_until(time.perf_counter() + hold_s)
+            invoke_named(in_order, live)
+
+        def concurrent():
+            t0 = time.perf_counter()
+            branches.run(live)
+            wait_until(t0 + hold_s)
+
+        works = {"in_turn": in_turn, "concurrent": concurrent, "cpu_only": lambda: everything.run(live)}
+        ms: dict[str, list[float]] = {c: [] for c in works}
+        for w in works.values():
+            w()  # warm
+        order = random.Random(k)
+        for _ in range(repeats):  # interleaved, shuffled
+            keys = list(works)
+            order.shuffle(keys)
+            for c in keys:
+                ms[c].append(median_ms(works[c], 1))
+        med = {c: statistics.median(v) for c, v in ms.items()}
+        rows.append({"layer": k, "branches": f"{len(on_tpu)}D+{len(on_cpu)}", "tpu_regions": held,
+                     "tpu_ms_emulated": hold_s * 1e3, "cpu_ops": len(cpu_ops), **{f"{c}_ms": v for c, v in med.items()},
+                     "reduction": 1 - med["concurrent"] / med["in_turn"],
+                     "pruned": all(not regions[r].keep for r in held)})
+    reductions = [r["reduction"] for r in rows]
+    return {"value": statistics.median(reductions) if reductions else None,
+            "best": max(reductions, default=None), "layers": rows, "skipped_mixed_branches": skipped,
+            "emulated": "Edge TPU branches: the emulated device's clock (desktop host, USB 3.0)"}
+
+
 def arenas(graph, plans: dict, files: dict) -> dict:
     from edgeplan.plan.parallax.memory import naive_bytes
     from edgeplan.profile.capacity import arena_bytes
@@ -354,14 +445,17 @@ def main() -> int:
         ap.error(f"--models: {', '.join(unknown)} unknown; choose from {', '.join(MODELS)}")
     result: dict = {"machine": machine(), "quick": args.quick, "rounds": args.rounds, "requests": args.requests,
                     "workers": WORKERS, "margin": MARGIN, "emulated": "table7 post column only (op placement)",
-                    "missing": ["transformer encoder (Table 7 row, hetero_layer_reduction): not built yet"],
                     "models": {}}
     for name in wanted:
         d = prepare(args.work, MODELS[name])
         graph = TfliteGraph((d / "model_int8.tflite").read_bytes())
         out = args.work / "runs" / MODELS[name]
         res = bench_graph(graph, name, out, args, with_memory=True)
-        res["table7"] = structure_rows(d, graph, sum(graph.op_macs) / (res["latency"]["whole-1t"]["ms"] / 1e3))
+        cpu_macs_per_s = sum(graph.op_macs) / (res["latency"]["whole-1t"]["ms"] / 1e3)
+        res["table7"] = structure_rows(d, graph, cpu_macs_per_s)
+        if name == "encoder":
+            log(f"{name}: layers mixing Edge TPU (EMULATED) and CPU branches")
+            res["hetero"] = hetero_layers(graph, cpu_macs_per_s, repeats=10 if args.quick else 40)
         if name == "InceptionV3" and not args.quick:
             res["suffixes"] = {}
             for path in middle_suffixes(d):
@@ -400,17 +494,19 @@ def main() -> int:
     result["table7"] = {n: m["table7"] for n, m in ms.items()}
     result["identical"] = int(all(m["identical"] and all(s["identical"] for s in m.get("suffixes", {}).values())
                                   for m in ms.values()))
+    if "encoder" in ms:
+        result["hetero_layer_reduction"] = ms["encoder"]["hetero"]
     probes = [p["value"] for m in ms.values() for p in m["probe"]]
     result["second_core_free"] = {"value": statistics.median(probes), "rounds": probes}
     keys = ("latency_vs_1t", "latency_vs_2t", "no_parallelism_overhead", "arena_vs_naive", "arena_vs_global",
-            "peak_rss_ratio", "peak_estimate_error_max", "identical", "second_core_free")
+            "peak_rss_ratio", "peak_estimate_error_max", "hetero_layer_reduction", "identical", "second_core_free")
     publish("parallax", result, plot, tuple(k for k in keys if k in result))
     return 0
 
 
 def plot(result: dict, path: Path) -> None:
     plt = pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig, axes = plt.subplots(2, 3, figsize=(19, 9))
     models = result["models"]
     _bars(axes[0][0], models, [(c, lambda m, c=c: m["latency"][c]["ms"]) for c in CONFIGS],
           "median request ms (2 vCPU)", "Tables 3/6: latency per configuration (measured)")
@@ -433,6 +529,18 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylabel("median ms")
     ax.set_title("Table 6: per candidate layer, the two modes")
     ax.legend(fontsize=8)
+    ax = axes[0][2]
+    rows = (result.get("hetero_layer_reduction") or {}).get("layers", [])
+    xs = range(len(rows))
+    for k, (key, label) in enumerate((("in_turn_ms", "in turn"), ("concurrent_ms", "concurrent"),
+                                      ("cpu_only_ms", "all on the CPU"))):
+        ax.bar([x + (k - 1) * 0.27 for x in xs], [r[key] for r in rows], 0.27, label=label)
+    ax.set_xticks(list(xs), [f"{r['layer']}\n{r['branches']}" for r in rows], fontsize=7)
+    ax.set_xlabel("encoder layer (Post placement), Edge TPU (D) + CPU branches")
+    ax.set_ylabel("median ms")
+    ax.set_title("Table 6: Edge TPU + CPU layers (Edge TPU EMULATED)")
+    ax.legend(fontsize=8)
+    axes[1][2].axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

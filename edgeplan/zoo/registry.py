@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 from edgeplan.errors import ModelNotFoundError
-from edgeplan.zoo import alexnet, chain, digits, keras_apps, light, tiny, wide
+from edgeplan.zoo import alexnet, chain, digits, encoder, keras_apps, light, tiny, wide
 
 _TABLE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "mobilenetv2_0.35_96": (partial(keras_apps.build, "MobileNetV2", 96, alpha=0.35), "Keras MobileNetV2 alpha 0.35, 96x96"),
@@ -32,6 +32,8 @@ _TABLE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "light_inception_v1": (partial(light.build, "inception_v1"), "onnx model zoo GoogLeNet (LRN), re-weighted"),
     "alexnet_224": (alexnet.build, "AlexNet (torchvision layout), 224x224, built node by node"),
     "spatial_chain": (chain.build, "chain CNN, 3x45x45: stride-2 SAME and padded convs, dilation 2, max/avg pools"),
+    "vit_encoder": (encoder.build, ("vision-transformer encoder, 3x224x224, 196 tokens of 192, 4 heads as branches "
+                                    "(per-head projections), 4 blocks, built node by node")),
     "tiny_cnn": (partial(tiny.build, lrn=False), "8-layer residual CNN, 3x32x32, built node by node"),
     "wide_fc": (wide.build, "CNN with a VGG-like wide fully-connected head, 3x32x32, 1.3M parameters"),
     "wide_fc_2g": (partial(wide.build, width=16384, depth=3),

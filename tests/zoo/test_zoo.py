@@ -39,3 +39,23 @@ def test_unknown_zoo_name(tmp_path):
 
     with pytest.raises(ModelNotFoundError, match="light_squeezenet"):
         zoo.build("resnet9000", tmp_path)
+
+
+def test_vit_encoder_heads_are_parallel_branches(tmp_path):
+    """The transformer encoder for Parallax's Table 7: per block, the heads' 12 projections are one layer of 12
+    branches, and each head's two activation-by-activation MatMuls (BATCH_MATMUL in the int8 model, which the
+    Edge TPU does not map) are layers of 4, one branch per head."""
+    from edgeplan.graph.branches import from_onnx, structure
+    from edgeplan.graph.model import GraphView
+
+    path = zoo.build("vit_encoder", tmp_path)
+    m = onnx.load(str(path))
+    view = GraphView(m)
+    s = structure(from_onnx(view))
+    blocks, heads = 4, 4
+    widths = sorted(len(layer) for layer in s.layers if len(layer) > 1)
+    assert widths == [heads] * (3 * blocks) + [3 * heads] * blocks
+    weights = set(view.initializers)
+    by_activations = [n for n in m.graph.node if n.op_type == "MatMul" and not set(n.input) & weights]
+    assert len(by_activations) == 2 * heads * blocks
+    assert _dependence(path) > 0.01
