@@ -38,7 +38,6 @@ Keys (ratios and errors are fractions):
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import os
@@ -138,10 +137,8 @@ def plan(work: Path, dep: str, zoo: str, m_peak: int, lam: float | None = None):
 # ---------------------------------------------------------------------------------------------- measuring
 def read_floor(spec: dict) -> dict:
     """The least time any streamed request of the model can take here: its plan's segments, their pages dropped,
-    read and hashed by the runtime's reader threads and read path (``stream.READERS``, ``Streamer._read``) with no
-    wait for a position, nothing built or run. Shaped as a FIFO child's result (one request, its ms)."""
-    import threading
-
+    read and hashed by the runtime's reader threads along its read path (``Streamer.read_only``) with no wait for
+    a position, nothing built or run. Shaped as a FIFO child's result (one request, its ms)."""
     from edgeplan.plan.flashmem.plan import FlashMemPlan
     from edgeplan.runtime import fifo, stream
 
@@ -150,27 +147,9 @@ def read_floor(spec: dict) -> dict:
     base = Path(m["plan"]).parent.parent
     segs = [stream.Segment(base / s.file, s.sha256, s.size, s.op, s.first_layer, s.last_layer, s.inputs)
             for s in mp.segments]
-    steps = stream.schedule(segs, "serial")
-    streamer = stream.Streamer(segs, steps, lambda data: None)
-    fifo._drop_cache([s.path for s in segs])
-    turn = iter(range(len(segs)))
-    lock = threading.Lock()
-
-    def reader():
-        while True:
-            with lock:
-                k = next(turn, None)
-            if k is None:
-                return
-            streamer._read(k, steps[k], stream.SegmentLog(steps[k].build), lambda pos: True)
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=reader) for _ in range(stream.READERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return {"peak_bytes": 0, "requests": [{"ms": (time.perf_counter() - t0) * 1e3, "stall_ms": 0.0}]}
+    streamer = stream.Streamer(segs, stream.schedule(segs, "serial"), lambda data: None)
+    fifo.drop_cache([s.path for s in segs])
+    return {"peak_bytes": 0, "requests": [{"ms": streamer.read_only() * 1e3, "stall_ms": 0.0}]}
 
 
 def child(spec: dict) -> dict:

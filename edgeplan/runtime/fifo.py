@@ -81,7 +81,8 @@ class FifoResult:
         return {m: statistics.median(r["ms"] for r in self.requests if r["model"] == m) for m in self.models}
 
 
-def _drop_cache(paths) -> None:
+def drop_cache(paths) -> None:
+    """Drop the page cache of ``paths`` (their next read is cold)."""
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
         try:
@@ -168,7 +169,7 @@ def measure(jobs: dict[str, Job], models: list[str], iterations: int, mode: str,
             for name in models:
                 job = jobs[name]
                 if cold:
-                    _drop_cache(job.files)
+                    drop_cache(job.files)
                 t0 = time.perf_counter()
                 stall = job.run()
                 result.requests.append({"model": name, "iteration": it, "ms": (time.perf_counter() - t0) * 1e3,

@@ -102,6 +102,10 @@ def test_a_corrupt_segment_fails_the_request_naming_it(streamed, tmp_path):
                                segs[k].last_layer, segs[k].inputs)
     with pytest.raises(stream.StreamError, match=rf"segment {k} \({bad.name}\).*do not match sha256"):
         stream.Streamer(broken, stream.schedule(broken, "plan", plan), INTERPRETER).run(x)
+    # the read floor reads along the same checked path: it refuses the same segment, and reads the intact ones
+    with pytest.raises(stream.StreamError, match=rf"segment {k} \({bad.name}\).*do not match sha256"):
+        stream.Streamer(broken, stream.schedule(broken, "serial"), INTERPRETER, readers=2).read_only()
+    assert stream.Streamer(segs, stream.schedule(segs, "serial"), INTERPRETER, readers=2).read_only() > 0
 
 
 THIN = r'''
