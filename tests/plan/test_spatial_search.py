@@ -156,8 +156,13 @@ def test_the_network_search_matches_the_exact_chain(bw):
     best, exact = oracle.chain_dp(costs, spaces)
     assert plan.score == pytest.approx(best, rel=1e-9)
     assert network_score(costs, list(exact)) == pytest.approx(best, rel=1e-9)
-    greedy = search.search_network(layers, devices, 0.5, beam=1, revise=False)
+    greedy = search.search_network(layers, devices, 0.5, beam=1, revise=False, whole_below=0)
     assert greedy.score >= best - 1e-12
+    # every layer's space (at most a few hundred partitions here) searched whole: the forward pass alone is the
+    # chain's exact optimum, whatever the beam
+    whole = search.search_network(layers, devices, 0.5, beam=1, revise=False)
+    assert max(sp.count() for sp in spaces) <= 512
+    assert whole.score == pytest.approx(best, rel=1e-9)
     # the baselines live in the same space or a smaller one: never better than the exact optimum
     for base in (baselines.edgeflow(layers, devices, 0.5), baselines.bbgrap(layers, devices)):
         assert base.score >= best - 1e-12
