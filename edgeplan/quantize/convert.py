@@ -79,9 +79,13 @@ def _int8_rewrites(path: Path) -> None:
       reciprocal it is an int8 DIV whose divisor, a small standard deviation, rounds to zero (LiteRT: "data[i] !=
       zero_point"); the TFLite converter writes it as RSQRT (int8, and on the Edge TPU's list).
     - ``Neg`` (LayerNormalization's -mean) becomes ``Mul(x, -1)``: the quantizer has no int8 NEG and left it a
-      float island, which ended ConvNeXt's Edge TPU part at its first block; MUL is int8 and maps."""
-    if not _mentions(path, (b"\x22\x03Erf", b"\x22\x0aReciprocal", b"\x22\x03Neg")):  # NodeProto.op_type
-        return  # (most models: the file is read in pieces, never held whole)
+      float island, which ended ConvNeXt's Edge TPU part at its first block; MUL is int8 and maps.
+    - A ``Reshape`` to the shape its input already has is dropped (its readers read the input). tf2onnx writes a
+      Transpose of a one-channel tensor as a Reshape, and leaves some that change nothing: in ConvNeXtSmall's
+      third piece (96 px, 128 MiB pieces) onnx2tf reshaped the NHWC LayerNorm mean [1, 6, 6, 1] by the NCHW shape
+      [-1, 1, 6, 6] and failed at the Sub that reads it; without its 6 no-op Reshapes the piece converts."""
+    if not _mentions(path, (b"\x22\x03Erf", b"\x22\x0aReciprocal", b"\x22\x03Neg", b"\x22\x07Reshape")):
+        return  # (NodeProto.op_type; most models: the file is read in pieces, never held whole)
     m = onnx.load(str(path), load_external_data=False)  # (external data, if any, stays where the file says)
     readers: dict[str, int] = {}
     for n in m.graph.node:
@@ -90,7 +94,8 @@ def _int8_rewrites(path: Path) -> None:
     producer = {o: n for n in m.graph.node for o in n.output}
     sqrt_of = {n.output[0]: producer.get(n.input[0]) for n in m.graph.node if n.op_type == "Reciprocal"}
     sqrt_of = {k: p for k, p in sqrt_of.items() if p is not None and p.op_type == "Sqrt" and readers[p.output[0]] == 1}
-    if not sqrt_of and not any(n.op_type in ("Erf", "Neg") for n in m.graph.node):
+    same = _noop_reshapes(m)
+    if not sqrt_of and not same and not any(n.op_type in ("Erf", "Neg") for n in m.graph.node):
         return
     from onnx import helper, numpy_helper
 
@@ -101,6 +106,12 @@ def _int8_rewrites(path: Path) -> None:
     roots_out = {p.output[0] for p in sqrt_of.values()}
     nodes = []
     for n in m.graph.node:
+        for i, x in enumerate(n.input):
+            while x in same:  # a no-op Reshape's reader reads what it reshaped
+                x = same[x]
+            n.input[i] = x
+        if n.op_type == "Reshape" and n.output[0] in same:
+            continue
         if n.op_type == "Sqrt" and n.output[0] in roots_out:
             continue
         if n.op_type == "Reciprocal" and n.output[0] in roots:
@@ -121,6 +132,20 @@ def _int8_rewrites(path: Path) -> None:
     del m.graph.node[:]
     m.graph.node.extend(nodes)
     onnx.save(m, str(path))
+
+
+def _noop_reshapes(m: onnx.ModelProto) -> dict[str, str]:
+    """Output -> input of every Reshape whose input and output have the same static shape (from the model's value
+    infos; canonical models carry one per tensor), except where the output is a graph output."""
+    shapes = {}
+    for v in (*m.graph.input, *m.graph.value_info, *m.graph.output):
+        dims = v.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims):
+            shapes[v.name] = tuple(d.dim_value for d in dims)
+    outputs = {o.name for o in m.graph.output}
+    return {n.output[0]: n.input[0] for n in m.graph.node
+            if n.op_type == "Reshape" and n.output[0] not in outputs and n.input[0] in shapes
+            and shapes[n.input[0]] == shapes.get(n.output[0])}
 
 
 def _mentions(path: Path, needles: tuple[bytes, ...], chunk: int = 1 << 24) -> bool:
