@@ -102,14 +102,18 @@ def _int8_rewrites(path: Path) -> None:
     a, b, half, minus = "edgeplan_erf_a", "edgeplan_erf_b", "edgeplan_minus_half", "edgeplan_minus_one"
     m.graph.initializer.extend([numpy_helper.from_array(np.array(v, np.float32), k)
                                 for k, v in ((a, ERF_TANH[0]), (b, ERF_TANH[1]), (half, -0.5), (minus, -1.0))])
-    roots = {k: p.input[0] for k, p in sqrt_of.items()}  # Reciprocal output -> the Sqrt's input
+
+    def read(x: str) -> str:  # what a reader of x reads once no-op Reshapes are gone
+        while x in same:
+            x = same[x]
+        return x
+
+    roots = {k: read(p.input[0]) for k, p in sqrt_of.items()}  # Reciprocal output -> the Sqrt's input
     roots_out = {p.output[0] for p in sqrt_of.values()}
     nodes = []
     for n in m.graph.node:
-        for i, x in enumerate(n.input):
-            while x in same:  # a no-op Reshape's reader reads what it reshaped
-                x = same[x]
-            n.input[i] = x
+        for i, x in enumerate(n.input):  # a no-op Reshape's reader reads what it reshaped
+            n.input[i] = read(x)
         if n.op_type == "Reshape" and n.output[0] in same:
             continue
         if n.op_type == "Sqrt" and n.output[0] in roots_out:
