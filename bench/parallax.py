@@ -218,6 +218,17 @@ def memory(spec: dict, configs: list[str], rounds: int, requests: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- tables
+def emulated_pruning(graph, cpu_macs_per_s: float):
+    """Delegate pruning's regions and bounds with the EMULATED Edge TPU's fitted overhead and efficiency (the host
+    of the class coral-usb-emulated) and the CPU's measured MAC rate."""
+    from edgeplan.plan.parallax.prune import prune
+    from edgeplan.profile import tpu_model
+
+    tpu = tpu_model.for_host("desktop")
+    return prune(graph, overhead_ms=tpu.overhead_ms, acc_macs_per_s=tpu.peak_macs_per_s * tpu.efficiency,
+                 link_bytes_per_s=tpu.link_bytes_per_s, cpu_macs_per_s=cpu_macs_per_s)
+
+
 def structure_rows(d: Path, graph, cpu_macs_per_s: float) -> dict:
     import onnx
 
@@ -225,8 +236,7 @@ def structure_rows(d: Path, graph, cpu_macs_per_s: float) -> dict:
     from edgeplan.compile.emulated import place_ops
     from edgeplan.graph.branches import from_onnx, from_tflite, refine, structure, tflite_flops
     from edgeplan.graph.model import GraphView
-    from edgeplan.plan.parallax.prune import prune, region_map
-    from edgeplan.profile import tpu_model
+    from edgeplan.plan.parallax.prune import region_map
 
     def row(s, nodes: int) -> dict:
         return {"nodes": nodes, "layers": len(s.layers), "parallel_layers": s.parallel_layers,
@@ -240,9 +250,7 @@ def structure_rows(d: Path, graph, cpu_macs_per_s: float) -> dict:
         else:
             run += 1
     post = structure(from_tflite(graph, regions))
-    tpu = tpu_model.for_host("desktop")  # EMULATED overhead and efficiency (the class coral-usb-emulated's host)
-    pruned, bounds = prune(graph, overhead_ms=tpu.overhead_ms, acc_macs_per_s=tpu.peak_macs_per_s * tpu.efficiency,
-                           link_bytes_per_s=tpu.link_bytes_per_s, cpu_macs_per_s=cpu_macs_per_s)
+    pruned, bounds = emulated_pruning(graph, cpu_macs_per_s)
     kept = structure(from_tflite(graph, region_map(pruned)))
     cpu = structure(from_tflite(graph))
     tasks = refine(cpu, tflite_flops(graph))
@@ -273,18 +281,14 @@ def hetero_layers(graph, cpu_macs_per_s: float, repeats: int = 25) -> dict:
     - ``cpu_only``: every branch on the CPU (what delegate pruning does with a region not worth offloading)."""
     from edgeplan.graph.branches import from_tflite, structure
     from edgeplan.plan.parallax.measure import activations
-    from edgeplan.plan.parallax.prune import prune
     from edgeplan.plan.parallax.schedule import lpt
-    from edgeplan.profile import tpu_model
     from edgeplan.profile.cpu import median_ms
     from edgeplan.quantize.stream import cut_ops
     from edgeplan.runtime.engine import wait_until
     from edgeplan.runtime.parallel import ParallelRunner, Stage, SubModel, interpreter_for
     from edgeplan.runtime.stream import invoke_named
 
-    tpu = tpu_model.for_host("desktop")
-    regions, _ = prune(graph, overhead_ms=tpu.overhead_ms, acc_macs_per_s=tpu.peak_macs_per_s * tpu.efficiency,
-                       link_bytes_per_s=tpu.link_bytes_per_s, cpu_macs_per_s=cpu_macs_per_s)
+    regions, _ = emulated_pruning(graph, cpu_macs_per_s)
     region_of = {i: r.index for r in regions for i in r.ops}
     s = structure(from_tflite(graph, region_of))
     live, build = activations(graph), interpreter_for(False)
