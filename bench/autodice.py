@@ -143,18 +143,18 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
     """The model's figures, and what was prepared for it (directory, graph, units, costs, float inputs), which the
     2-device speedup reuses."""
     from edgeplan.distributed import emulate, launch
-    from edgeplan.pipeline.multidevice import find_units
-    from edgeplan.plan.multidevice import costs, explore, overhead, spec
-    from edgeplan.quantize.tflite_graph import TfliteGraph
+    from edgeplan.pipeline.multidevice import load
+    from edgeplan.plan.multidevice import costs, explore, overhead, spec, units
     from edgeplan.surgery import multidevice
 
     d = compiled(work, zoo, log, also=(REPO / ".edgeplan" / "bench" / "flashmem",
                                       REPO / ".edgeplan" / "bench" / "parallax"))
-    graph = TfliteGraph((d / "model_int8.tflite").read_bytes())
     res: dict = {"zoo": zoo}
-    # front end and back end: units, then a 24-key split (8 devices x 3 cores) and its verification
+    # front end and back end, as `edgeplan split` runs them: the two models read once, the units, then a 24-key
+    # split (8 devices x 3 cores) and its verification
     t0 = time.perf_counter()
-    us = find_units(d, params)
+    model, graph, _, samples = load(d, params)
+    us = units.find(model, graph, samples(1), min_cosine=params["quantize"]["match_min_cosine"])
     t_units = time.perf_counter() - t0
     order = multidevice.unit_order(us)
     p24 = spec.parse_text("".join(f"dev{i}, cpu, slots=0-2, host=10.0.0.{i + 2}\n" for i in range(DEVICES)), "p24")
@@ -165,7 +165,8 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
     doc = {k: v for k, v in doc.items() if v}
     xf = _float_inputs(d)
     summary = multidevice.split(d, us, spec.parse_mapping(doc, p24, us), p24, work / "runs" / zoo / "split24",
-                                xs=xf)
+                                xs=xf, loaded=(model, graph))
+    del model
     res["units"] = len(us.units)
     res["front_end_s"] = t_units + summary["split_s"]
     res["back_end_s"] = summary["total_s"] - summary["split_s"]

@@ -54,4 +54,4 @@ def split(root: Path, params: dict, mapping_path: Path, platform: spec.Platform,
     model, graph, cal, samples = load(root, params)
     us = units.find(model, graph, samples(1), min_cosine=params["quantize"]["match_min_cosine"])
     mapping = spec.load_mapping(mapping_path, platform, us)
-    return multidevice.split(root, us, mapping, platform, out, xs=samples(2), seed=cal.seed)
+    return multidevice.split(root, us, mapping, platform, out, xs=samples(2), seed=cal.seed, loaded=(model, graph))

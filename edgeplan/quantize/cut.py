@@ -32,7 +32,7 @@ def cut(graph: TfliteGraph, tensor: int) -> tuple[bytes, bytes]:
 
 
 def _submodel(model: schema.ModelT, keep_ops: list[int], inputs: list[int], outputs: list[int], tag: str) -> bytes:
-    m = copy.deepcopy(model)
+    m = _shallow(model)
     sg = m.subgraphs[0]
     ops = [sg.operators[i] for i in keep_ops]
     used: list[int] = []
@@ -66,6 +66,22 @@ def _submodel(model: schema.ModelT, keep_ops: list[int], inputs: list[int], outp
     _prune_buffers(m)
     m.signatureDefs = None
     return bytes(flatbuffer_utils.convert_object_to_bytearray(m))
+
+
+def _shallow(model: schema.ModelT) -> schema.ModelT:
+    """A copy of ``model`` whose lists and the objects ``_submodel`` and ``_prune_buffers`` change (subgraphs,
+    their tensors and operators, metadata) are its own, and whose buffers — the weights — are the model's: a deep
+    copy of VGG-19's 140 MB int8 model per cut took 0.05 s of every 0.08 s cut."""
+    m = copy.copy(model)
+    m.subgraphs = []
+    for g in model.subgraphs:
+        sg = copy.copy(g)
+        sg.tensors = [copy.copy(t) for t in g.tensors]
+        sg.operators = [copy.copy(op) for op in g.operators]
+        m.subgraphs.append(sg)
+    m.metadata = [copy.copy(md) for md in model.metadata] if model.metadata is not None else None
+    m.buffers = list(model.buffers)
+    return m
 
 
 def _prune_buffers(m: schema.ModelT) -> None:

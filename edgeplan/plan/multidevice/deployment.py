@@ -59,7 +59,8 @@ def plan_autodice(root: Path, name: str, params: dict, objective: str | None = N
     chosen = min(range(len(front)), key=lambda k: OBJECTIVES[objective](front[k]))
     out_dir = Path(root) / "deployments" / name
     mapping = spec.parse_mapping(front[chosen].mapping, platform, us, f"Pareto point {chosen}")
-    summary = multidevice.split(d, us, mapping, platform, out_dir / SPLIT_DIR, xs=samples(2), seed=cal.seed)
+    summary = multidevice.split(d, us, mapping, platform, out_dir / SPLIT_DIR, xs=samples(2), seed=cal.seed,
+                                loaded=(model, graph))
     single = explore.single_device(costs, us, platform)
     record = {
         "schema_version": SCHEMA, "deployment": name, "model": model_name, "version": version,
