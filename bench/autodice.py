@@ -153,8 +153,8 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
     # front end and back end, as `edgeplan split` runs them: the two models read once, the units, then a 24-key
     # split (8 devices x 3 cores) and its verification
     t0 = time.perf_counter()
-    model, graph, _, samples = load(d, params)
-    us = units.find(model, graph, samples(1), min_cosine=params["quantize"]["match_min_cosine"])
+    model, graph, _, xs = load(d, params)
+    us = units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"])
     t_units = time.perf_counter() - t0
     order = multidevice.unit_order(us)
     p24 = spec.parse_text("".join(f"dev{i}, cpu, slots=0-2, host=10.0.0.{i + 2}\n" for i in range(DEVICES)), "p24")
@@ -163,10 +163,10 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
     for pos, u in enumerate(order):
         doc[keys[min(len(keys) - 1, pos * len(keys) // len(order))]] += list(us.units[u].names)
     doc = {k: v for k, v in doc.items() if v}
-    xf = _float_inputs(d)
     summary = multidevice.split(d, us, spec.parse_mapping(doc, p24, us), p24, work / "runs" / zoo / "split24",
-                                xs=xf, loaded=(model, graph))
+                                loaded=(model, graph))
     del model
+    xf = _float_inputs(d)
     res["units"] = len(us.units)
     res["front_end_s"] = t_units + summary["split_s"]
     res["back_end_s"] = summary["total_s"] - summary["split_s"]

@@ -8,8 +8,9 @@ from edgeplan.plan.multidevice import spec, units
 
 
 def load(root: Path, params: dict):
-    """The float model and the int8 graph, each read once, and inputs like the calibration set's: ``samples(k)``
-    draws two with seed offset k (1: matching units, as the build's matching; 2: verifying a split)."""
+    """The float model and the int8 graph, each read once, and two inputs like the calibration set's (seed offset
+    1, as the build's matching) to match the units on; matching's runs on them are also a split's float
+    reference (``surgery.multidevice.split``)."""
     from edgeplan.graph.model import GraphView
     from edgeplan.graph.model import load as load_model
     from edgeplan.quantize.calibration import CalibrationSpec, sample_inputs
@@ -21,16 +22,13 @@ def load(root: Path, params: dict):
     model = load_model(root / "model.onnx")
     view = GraphView(model)
     cal = CalibrationSpec.from_params(params["quantize"]["calibration"])
-
-    def samples(offset: int):
-        return sample_inputs(cal, view.shape(view.input.name), 2, seed=cal.seed + offset)
-
-    return model, TfliteGraph((root / "model_int8.tflite").read_bytes()), cal, samples
+    xs = sample_inputs(cal, view.shape(view.input.name), 2, seed=cal.seed + 1)
+    return model, TfliteGraph((root / "model_int8.tflite").read_bytes()), cal, xs
 
 
 def find_units(root: Path, params: dict) -> units.Units:
-    model, graph, _, samples = load(root, params)
-    return units.find(model, graph, samples(1), min_cosine=params["quantize"]["match_min_cosine"])
+    model, graph, _, xs = load(root, params)
+    return units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"])
 
 
 def platform_for(params: dict, platform_path: str | None, deployment: str | None) -> spec.Platform:
@@ -51,7 +49,7 @@ def platform_for(params: dict, platform_path: str | None, deployment: str | None
 def split(root: Path, params: dict, mapping_path: Path, platform: spec.Platform, out: Path) -> dict:
     from edgeplan.surgery import multidevice
 
-    model, graph, cal, samples = load(root, params)
-    us = units.find(model, graph, samples(1), min_cosine=params["quantize"]["match_min_cosine"])
+    model, graph, cal, xs = load(root, params)
+    us = units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"])
     mapping = spec.load_mapping(mapping_path, platform, us)
-    return multidevice.split(root, us, mapping, platform, out, xs=samples(2), seed=cal.seed, loaded=(model, graph))
+    return multidevice.split(root, us, mapping, platform, out, seed=cal.seed, loaded=(model, graph))

@@ -88,7 +88,7 @@ def match_candidates(
 ) -> list[Match]:
     """Each candidate's int8 tensor, or why it has none. ``onnx_model``: the float model, or the path of the .onnx
     edgeplan wrote it to (its external data then read by onnxruntime from the file: ``graph.evaluate``)."""
-    scores = _best(onnx_model, [(c.tensor, c.shape, c.prefix_macs) for c in candidates], tflite, xs, macs_rtol)
+    scores, _ = _best(onnx_model, [(c.tensor, c.shape, c.prefix_macs) for c in candidates], tflite, xs, macs_rtol)
     matches: list[Match] = []
     for c in candidates:
         best = scores[c.tensor]
@@ -115,10 +115,12 @@ def match_candidates(
 
 
 def _best(onnx_model: onnx.ModelProto | Path, wants: list[tuple[str, tuple[int, ...], int]], tflite: TfliteGraph,
-          xs: np.ndarray, macs_rtol: float) -> dict[str, tuple[float, int] | None]:
+          xs: np.ndarray, macs_rtol: float, keep: tuple[str, ...] = ()
+          ) -> tuple[dict[str, tuple[float, int] | None], dict[str, np.ndarray]]:
     """For each ``(tensor, shape, prefix_macs)``: ``(cosine, int8 index)`` of the int8 tensor of the same (NHWC)
     shape after the same MACs whose dequantized values follow the tensor's float values most closely (over all of
-    ``xs``), or None when no int8 tensor has that shape and MACs.
+    ``xs``), or None when no int8 tensor has that shape and MACs. Beside it, the float values of the tensors
+    ``keep`` over all of ``xs`` (stacked), computed in the same runs.
 
     One sample at a time: the cosines are accumulated (dot products and squared norms, float64) as the float model
     and the int8 model run on each sample, and only the int8 tensors some candidate could be are read, one at a
@@ -135,8 +137,12 @@ def _best(onnx_model: onnx.ModelProto | Path, wants: list[tuple[str, tuple[int, 
             readers.setdefault(ix, []).append(tensor)
     sums = {(tensor, ix): np.zeros(3) for tensor, pool in pools.items() for ix in pool}  # a.b, a.a, b.b
     seen = dict.fromkeys(readers, 0)  # samples each int8 tensor had values in (LiteRT may not keep a tensor)
-    for float_vals, int8_vals in zip(tensor_values_each(onnx_model, [t for t, p in pools.items() if p], xs),
+    kept: dict[str, list[np.ndarray]] = {t: [] for t in keep}
+    floats = list(dict.fromkeys([*(t for t, p in pools.items() if p), *keep]))
+    for float_vals, int8_vals in zip(tensor_values_each(onnx_model, floats, xs),
                                      _int8_each(tflite.data, xs, list(readers))):
+        for t in keep:
+            kept[t].append(float_vals[t])
         for ix, v in int8_vals:  # one int8 tensor at a time, and one float copy of a candidate at a time
             seen[ix] += 1
             a = v.ravel().astype(np.float64)
@@ -148,7 +154,7 @@ def _best(onnx_model: onnx.ModelProto | Path, wants: list[tuple[str, tuple[int, 
     for tensor, pool in pools.items():
         scored = [(_cosine(*sums[tensor, ix]), ix) for ix in pool if seen[ix] == len(xs)]
         out[tensor] = max(scored, default=None)
-    return out
+    return out, {t: np.concatenate(v) for t, v in kept.items()}
 
 
 def _cosine(ab: float, aa: float, bb: float) -> float:
@@ -159,10 +165,11 @@ def _cosine(ab: float, aa: float, bb: float) -> float:
 
 
 def match_tensors(onnx_model: onnx.ModelProto, tflite: TfliteGraph, xs: np.ndarray, *, min_cosine: float = 0.5,
-                  macs_rtol: float = 1e-3) -> dict[str, int]:
+                  macs_rtol: float = 1e-3) -> tuple[dict[str, int], np.ndarray]:
     """Every node output of the ONNX model that survives conversion -> the int8 tensor holding it (the same
     rules as for candidates, cut or not; the model's input and output always match). A tensor left out was
-    fused into the op that makes a later one; where several compete for one int8 tensor the closest wins."""
+    fused into the op that makes a later one; where several compete for one int8 tensor the closest wins.
+    Beside it, the float model's output for ``xs``, from the same runs."""
     from edgeplan.graph.model import GraphView
 
     view = GraphView(onnx_model)
@@ -173,7 +180,7 @@ def match_tensors(onnx_model: onnx.ModelProto, tflite: TfliteGraph, xs: np.ndarr
     for t in inner:
         a = view.ancestors[view.producer[t]]
         wants.append((t, view.shape(t), sum(m for i, m in enumerate(macs) if (a >> i) & 1)))
-    scores = _best(onnx_model, wants, tflite, xs, macs_rtol)
+    scores, kept = _best(onnx_model, wants, tflite, xs, macs_rtol, keep=(view.output.name,))
     best: dict[int, tuple[float, str]] = {}
     for t in inner:
         found = scores[t]
@@ -181,7 +188,7 @@ def match_tensors(onnx_model: onnx.ModelProto, tflite: TfliteGraph, xs: np.ndarr
             cos, ix = found
             if ix not in best or cos > best[ix][0]:
                 best[ix] = (cos, t)
-    return {**{t: ix for ix, (_, t) in best.items()}, **ends}
+    return {**{t: ix for ix, (_, t) in best.items()}, **ends}, kept[view.output.name]
 
 
 def _resolve(matches: list[Match], tflite: TfliteGraph) -> list[Match]:

@@ -210,14 +210,17 @@ def hostfile(mapping: Mapping, platform: Platform) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- split
-def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: Path, *, xs: np.ndarray,
-          int8_samples: int = 2, seed: int = 0, tolerance: float = 1e-4,
+def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: Path, *,
+          xs: np.ndarray | None = None, int8_samples: int = 2, seed: int = 0, tolerance: float = 1e-4,
           loaded: tuple[onnx.ModelProto, TfliteGraph] | None = None) -> dict:
     """Write the split of the artifact ``root`` (``model.onnx``, ``model_int8.tflite``) to ``out``, verified first
-    in a scratch directory: the float chain within ``tolerance`` x max(1, max|y|) of the model, the int8 chain
-    identical with both kernel sets. Returns split.json's content; raises SpecError (``out`` untouched) when the
-    chain does not verify. ``loaded``: the two models as the caller already read them from ``root`` (finding the
-    units), so they are not read and parsed again (VGG-19: 1.3 s)."""
+    in a scratch directory: the float chain within ``tolerance`` x max(1, max|y|) of the model on the float inputs
+    ``xs``, the int8 chain identical with both kernel sets. Returns split.json's content; raises SpecError (``out``
+    untouched) when the chain does not verify.
+
+    ``xs`` defaults to the inputs the units were matched on: matching ran the whole float model on them, so its
+    output is the reference, not computed again (VGG-19: a session and two runs, 2.5 s). ``loaded``: the two
+    models as the caller already read them from ``root`` (finding the units), not read and parsed again (1.3 s)."""
     t0 = time.perf_counter()
     if loaded is None:
         loaded = load_model(root / "model.onnx"), TfliteGraph((root / "model_int8.tflite").read_bytes())
@@ -236,7 +239,10 @@ def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: P
             float_stage(model, view, s.nodes, f"s{s.index}", scratch / "float" / f"s{s.index}.onnx")
         t_front = time.perf_counter() - t0
         table = tables(graph, view, units, mapping, platform, stage_list)
-        check = verify(scratch, table, model, graph, xs, int8_samples, seed, tolerance)
+        if xs is None and units.reference is None:
+            raise SpecError("no float inputs to verify the split on: give xs (the units carry none)")
+        reference = units.reference if xs is None else (xs, None)
+        check = verify(scratch, table, model, graph, reference, int8_samples, seed, tolerance)
         if not check["ok"]:
             raise SpecError(f"the split does not verify: {check['why']}; nothing written to {out}")
         for s in table["stages"]:
@@ -268,14 +274,17 @@ def _file_sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def verify(d: Path, table: dict, model: onnx.ModelProto, graph: TfliteGraph, xs: np.ndarray, samples: int,
-           seed: int, tolerance: float) -> dict:
-    """Run the stages in order in this process: float against onnxruntime on the whole model, int8 against the
-    whole int8 model (reference kernels and XNNPACK)."""
+def verify(d: Path, table: dict, model: onnx.ModelProto, graph: TfliteGraph,
+           reference: tuple[np.ndarray, np.ndarray | None], samples: int, seed: int, tolerance: float) -> dict:
+    """Run the stages in order in this process: float against onnxruntime on the whole model (``reference``: the
+    float inputs and the whole model's output for them, computed here when None), int8 against the whole int8
+    model (reference kernels and XNNPACK)."""
     from edgeplan.graph.evaluate import tensor_values
 
     f_in, f_out = table["input"]["float"], table["output"]["float"]
-    want = tensor_values(model, [f_out], xs)[f_out]
+    xs, want = reference
+    if want is None:
+        want = tensor_values(model, [f_out], xs)[f_out]
     got = _float_chain([d / s["float"] for s in table["stages"]], f_in, f_out, xs)
     diff = float(np.max(np.abs(got - want)))
     bound = tolerance * max(1.0, float(np.max(np.abs(want))))

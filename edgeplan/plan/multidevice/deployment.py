@@ -48,8 +48,8 @@ def plan_autodice(root: Path, name: str, params: dict, objective: str | None = N
         raise PlanError(f"generations {generations}: at least 1")
     model_name, version, d = split_model(root, params, name, "an AutoDiCE split")
     _, platform = registry_platform(params, name, "an AutoDiCE split")
-    model, graph, cal, samples = load(d, params)
-    us = units.find(model, graph, samples(1), min_cosine=params["quantize"]["match_min_cosine"])
+    model, graph, cal, xs = load(d, params)
+    us = units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"])
     order = multidevice.unit_order(us)
     cores = min(max(len(x.slots) for x in platform.devices), os.cpu_count() or 1)
     costs = costs_mod.measure(graph, us, order, cores, repeats=int(settings["repeats"]), progress=progress)
@@ -59,8 +59,7 @@ def plan_autodice(root: Path, name: str, params: dict, objective: str | None = N
     chosen = min(range(len(front)), key=lambda k: OBJECTIVES[objective](front[k]))
     out_dir = Path(root) / "deployments" / name
     mapping = spec.parse_mapping(front[chosen].mapping, platform, us, f"Pareto point {chosen}")
-    summary = multidevice.split(d, us, mapping, platform, out_dir / SPLIT_DIR, xs=samples(2), seed=cal.seed,
-                                loaded=(model, graph))
+    summary = multidevice.split(d, us, mapping, platform, out_dir / SPLIT_DIR, seed=cal.seed, loaded=(model, graph))
     single = explore.single_device(costs, us, platform)
     record = {
         "schema_version": SCHEMA, "deployment": name, "model": model_name, "version": version,

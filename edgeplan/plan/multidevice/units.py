@@ -8,7 +8,7 @@ fall in the unit that reads their result). Every op lands in exactly one unit, o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -35,6 +35,8 @@ class Units:
     of_node: dict[str, int]  # node name -> unit index
     int8_tensor: dict[str, int]  # ONNX tensor crossing between units -> int8 tensor index
     depends: tuple[int, ...]  # per unit, bitset of the units it reads from directly
+    # (inputs, the whole float model's output for them): matching's own runs, a split's verification reference
+    reference: tuple[np.ndarray, np.ndarray] | None = field(default=None, compare=False, repr=False)
 
 
 def find(model: onnx.ModelProto, tflite: TfliteGraph, xs: np.ndarray, *, min_cosine: float = 0.5) -> Units:
@@ -44,7 +46,7 @@ def find(model: onnx.ModelProto, tflite: TfliteGraph, xs: np.ndarray, *, min_cos
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise SpecError(f"node name {dup!r} appears twice in the model: a mapping could not name it")
-    matched = match_tensors(model, tflite, xs, min_cosine=min_cosine)
+    matched, output = match_tensors(model, tflite, xs, min_cosine=min_cosine)
     parent = list(range(len(nodes)))
 
     def root(i: int) -> int:
@@ -96,4 +98,5 @@ def find(model: onnx.ModelProto, tflite: TfliteGraph, xs: np.ndarray, *, min_cos
     missing = [op for op in range(len(tflite.ops)) if op not in claimed]
     if missing:
         raise SpecError(f"int8 ops {missing[:5]} belong to no unit: the int8 model does not follow the ONNX graph")
-    return Units(tuple(units), {names[i]: of_index[i] for i in range(len(nodes))}, crossing, tuple(depends))
+    return Units(tuple(units), {names[i]: of_index[i] for i in range(len(nodes))}, crossing, tuple(depends),
+                 reference=(np.asarray(xs), output))
