@@ -55,9 +55,13 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(_to_jsonable(data), f, indent=2, sort_keys=False)
-        f.write("\n")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(_to_jsonable(data), f, indent=2, sort_keys=False)
+            f.write("\n")
+    except BaseException:  # a full disk: no half-written temporary file left beside ``path``
+        os.unlink(tmp)
+        raise
     os.replace(tmp, path)
 
 

@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -885,6 +886,11 @@ def main(argv: list[str] | None = None) -> int:
                   highlight=False)
         return 130
     except Exception as e:  # a fault of edgeplan or a library: one line here, the traceback in a log file
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f" writing {e.filename}" if e.filename else ""
+            err.print(f"[bold red]error:[/] no space left on the device{escape(where)}: free some (or write elsewhere: "
+                      "--out) and run it again; what a stage had finished is kept", highlight=False, soft_wrap=True)
+            return 74  # EX_IOERR
         path = crash_log(args, e)
         first = (str(e).splitlines() or [""])[0][:300]
         err.print(f"[bold red]error:[/] internal error {escape(type(e).__name__)}: {escape(first)} (the traceback "

@@ -94,6 +94,24 @@ def test_an_unexpected_exception_is_one_line_and_its_traceback_a_log_file(tmp_pa
         assert "Traceback (most recent call last)" in text and "ValueError: boom" in text and "second line" in text
 
 
+def test_a_full_disk_is_one_line_saying_so_not_an_internal_error(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from edgeplan import cli
+
+    class Full:
+        def verify(self, *a):
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "verify.json"))
+
+    monkeypatch.setattr(cli, "_stages", lambda: Full())
+    monkeypatch.chdir(tmp_path)
+    assert main(["verify", str(tmp_path / "art")]) == 74
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"error: no space left on the device writing {tmp_path / 'out' / 'verify.json'}: free some (or "
+                     "write elsewhere: --out) and run it again; what a stage had finished is kept"]
+    assert not (tmp_path / ".edgeplan" / "logs").exists()  # not a crash: nothing to report
+
+
 def test_tensorflow_load_time_lines_stay_off_the_terminal_unless_verbose(tmp_path):
     """TensorFlow writes four absl/CUDA lines to descriptor 2 as it loads, whatever TF_CPP_MIN_LOG_LEVEL says."""
     code = "import sys, edgeplan, tensorflow; print('loaded', file=sys.stderr)"

@@ -50,7 +50,7 @@ def test_model_without_single_tensor_cut_keeps_points_0_and_P(tmp_path, params):
     assert report.ok, report
 
 
-def test_a_failure_at_one_point_keeps_every_other_point(tmp_path, params, monkeypatch):
+def test_a_failure_at_one_point_keeps_every_other_point(tmp_path, params, monkeypatch, caplog):
     d = stages.ingest("zoo:tiny_cnn", "tiny", "1", tmp_path / "art")
     real_cut = cut_module.cut
     calls = []
@@ -65,7 +65,12 @@ def test_a_failure_at_one_point_keeps_every_other_point(tmp_path, params, monkey
     result = stages.build(d, params)
     assert list(result.errors) == [3] and "disk full" in result.errors[3]
     err = json.loads((d / "segments" / "p3" / "error.json").read_text())
-    assert err["point"] == 3 and "disk full" in err["error"]
+    assert err["point"] == 3 and err["error"] == "RuntimeError: disk full while writing the cut"
+    # one line for the user; the traceback only in the point's error.json
+    assert "Traceback" in err["traceback"] and "failing_third" in err["traceback"]
+    said = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert said == [f"point 3 failed: RuntimeError: disk full while writing the cut (traceback in "
+                    f"{d / 'segments' / 'p3' / 'error.json'})"]
     for k in (1, 2, 4, 5):
         assert (d / "segments" / f"p{k}" / "prefix_edgetpu.tflite").is_file()
     report = stages.verify(d, params)

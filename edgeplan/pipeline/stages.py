@@ -284,6 +284,7 @@ def _segments(root, model, tfl, analysis: Analysis, params: dict, progress: Prog
     if seg_root.exists():
         shutil.rmtree(seg_root)  # a new analysis renumbers points: stale segments must not survive
     errors: dict[int, str] = {}
+    tracebacks: dict[int, str] = {}
     reports: dict[int, CompileReport] = {}
     last = analysis.last
     int8_bytes = tfl.data  # the bytes of model_int8.tflite: not read again (wide_fc_2g: 0.57 GB more for the stage)
@@ -300,13 +301,25 @@ def _segments(root, model, tfl, analysis: Analysis, params: dict, progress: Prog
                     reports[p.index] = compile_prefix(d, params["compile"])
         except EdgeplanError as e:
             errors[p.index] = str(e)
-        except Exception as e:  # keep every other point; say what broke here
-            errors[p.index] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+        except Exception as e:  # keep every other point; say what broke here, the traceback in its error.json
+            errors[p.index] = f"{type(e).__name__}: {e}"
+            tracebacks[p.index] = traceback.format_exc()
         if p.index in errors:
-            write_json_atomic(d / "error.json", {"point": p.index, "error": errors[p.index]})
-            log.error("point %d failed: %s", p.index, errors[p.index])
+            _point_failed(d, p.index, errors[p.index], tracebacks.get(p.index))
         progress("segments", p.index + 1, len(analysis.points))
     return BuildResult(analysis, reports, errors)
+
+
+def _point_failed(d: Path, point: int, error: str, trace: str | None) -> None:
+    """One line on the terminal; the point's ``error.json`` holds the error and, for a fault of a library or of
+    edgeplan, its traceback. A disk too full for even that file loses the file, not the line."""
+    record = {"point": point, "error": error, **({"traceback": trace} if trace else {})}
+    try:
+        write_json_atomic(d / "error.json", record)
+        where = f" (traceback in {d / 'error.json'})" if trace else ""
+    except OSError as e:
+        where = f" (its error.json could not be written: {e.strerror or e})"
+    log.error("point %d failed: %s%s", point, error if trace is None else error.splitlines()[0], where)
 
 
 def _cut_point(d: Path, p, last: int, light, weights, tfl, model_path: Path, int8_bytes: bytes) -> None:
