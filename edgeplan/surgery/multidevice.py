@@ -222,6 +222,9 @@ def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: P
     output is the reference, not computed again (VGG-19: a session and two runs, 2.5 s). ``loaded``: the two
     models as the caller already read them from ``root`` (finding the units), not read and parsed again (1.3 s)."""
     t0 = time.perf_counter()
+    if xs is None and units.reference is None:
+        raise SpecError("no float inputs to verify the split on: give xs (the units carry none)")
+    reference = units.reference if xs is None else (xs, None)
     if loaded is None:
         loaded = load_model(root / "model.onnx"), TfliteGraph((root / "model_int8.tflite").read_bytes())
     model, graph = loaded
@@ -239,9 +242,6 @@ def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: P
             float_stage(model, view, s.nodes, f"s{s.index}", scratch / "float" / f"s{s.index}.onnx")
         t_front = time.perf_counter() - t0
         table = tables(graph, view, units, mapping, platform, stage_list)
-        if xs is None and units.reference is None:
-            raise SpecError("no float inputs to verify the split on: give xs (the units carry none)")
-        reference = units.reference if xs is None else (xs, None)
         check = verify(scratch, table, model, graph, reference, int8_samples, seed, tolerance)
         if not check["ok"]:
             raise SpecError(f"the split does not verify: {check['why']}; nothing written to {out}")
