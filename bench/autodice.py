@@ -119,12 +119,10 @@ def float_ranks(prep: dict, split: Path, emulated: str) -> dict:
             "ranks": len(r.summary["ranks"]), "ort_level": str(level()).rsplit(".", 1)[-1], "mpirun_s": r.seconds}
 
 
-def _float_inputs(d: Path) -> np.ndarray:
-    import onnx
-
+def _float_inputs(model) -> np.ndarray:
     from edgeplan.graph.model import GraphView
 
-    view = GraphView(onnx.load(str(d / "model.onnx"), load_external_data=False))
+    view = GraphView(model)
     return np.random.default_rng(0).normal(size=(2, *view.shape(view.input.name)[1:])).astype(np.float32)
 
 
@@ -170,8 +168,8 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
     doc = {k: v for k, v in doc.items() if v}
     summary = multidevice.split(d, us, spec.parse_mapping(doc, p24, us), p24, work / "runs" / zoo / "split24",
                                 loaded=(model, graph))
+    xf = _float_inputs(model)
     del model
-    xf = _float_inputs(d)
     res["units"] = len(us.units)
     res["front_end_s"] = t_units + summary["split_s"]
     res["back_end_s"] = summary["total_s"] - summary["split_s"]

@@ -51,18 +51,9 @@ def _to_jsonable(obj: Any) -> Any:
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
-    """Write ``data`` as indented JSON to ``path`` through a temporary file in the same directory."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(_to_jsonable(data), f, indent=2, sort_keys=False)
-            f.write("\n")
-    except BaseException:  # a full disk: no half-written temporary file left beside ``path``
-        os.unlink(tmp)
-        raise
-    os.replace(tmp, path)
+    """Write ``data`` as indented JSON to ``path`` as ``write_chunks_atomic`` writes (through a temporary file in
+    the same directory, none left behind when the write fails: a full disk)."""
+    write_bytes_atomic(path, (json.dumps(_to_jsonable(data), indent=2, sort_keys=False) + "\n").encode())
 
 
 @contextmanager

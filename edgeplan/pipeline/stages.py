@@ -284,7 +284,6 @@ def _segments(root, model, tfl, analysis: Analysis, params: dict, progress: Prog
     if seg_root.exists():
         shutil.rmtree(seg_root)  # a new analysis renumbers points: stale segments must not survive
     errors: dict[int, str] = {}
-    tracebacks: dict[int, str] = {}
     reports: dict[int, CompileReport] = {}
     last = analysis.last
     int8_bytes = tfl.data  # the bytes of model_int8.tflite: not read again (wide_fc_2g: 0.57 GB more for the stage)
@@ -293,6 +292,7 @@ def _segments(root, model, tfl, analysis: Analysis, params: dict, progress: Prog
     for p in analysis.points:
         d = seg_root / f"p{p.index}"
         d.mkdir(parents=True, exist_ok=True)
+        trace = None
         try:
             with memory.stage("cutting"):
                 _cut_point(d, p, last, light, weights, tfl, root / "model.onnx", int8_bytes)
@@ -303,9 +303,9 @@ def _segments(root, model, tfl, analysis: Analysis, params: dict, progress: Prog
             errors[p.index] = str(e)
         except Exception as e:  # keep every other point; say what broke here, the traceback in its error.json
             errors[p.index] = f"{type(e).__name__}: {e}"
-            tracebacks[p.index] = traceback.format_exc()
+            trace = traceback.format_exc()
         if p.index in errors:
-            _point_failed(d, p.index, errors[p.index], tracebacks.get(p.index))
+            _point_failed(d, p.index, errors[p.index], trace)
         progress("segments", p.index + 1, len(analysis.points))
     return BuildResult(analysis, reports, errors)
 

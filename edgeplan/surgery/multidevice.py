@@ -37,6 +37,7 @@ from edgeplan.quantize import litert
 from edgeplan.quantize.stream import cut_ops, ops_boundary
 from edgeplan.quantize.tflite_graph import TfliteGraph, np_dtype, tensor_bytes
 from edgeplan.runtime.stream import invoke_named
+from edgeplan.store.base import file_sha256
 
 HEAD = 0
 
@@ -253,7 +254,7 @@ def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: P
         (scratch / "platform.txt").write_text(platform.to_text())
         write_json_atomic(scratch / "mapping.json", mapping_doc(mapping, units))
         summary = {
-            "model": {"onnx_sha256": _file_sha256(root / "model.onnx"),
+            "model": {"onnx_sha256": file_sha256(root / "model.onnx"),
                       "int8_sha256": hashlib.sha256(int8_bytes).hexdigest()},
             "units": len(units.units), "ranks": len(mapping.keys), "stages": len(stage_list),
             "per_rank": [{"rank": r, "key": k.name, "stages": sum(1 for s in stage_list if s.rank == r),
@@ -267,11 +268,6 @@ def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: P
         }
         write_json_atomic(scratch / "split.json", summary)
     return summary
-
-
-def _file_sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def verify(d: Path, table: dict, model: onnx.ModelProto, graph: TfliteGraph,
