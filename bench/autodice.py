@@ -31,7 +31,11 @@ Keys (ratios and errors are fractions):
   VGG-19 and ResNet-101; each rank's CPU share (CPU s / wall s of its busy time) recorded.
 - memory_ratio: max peak RSS over the ranks of the min-memory point / the single device's peak RSS (VmHWM of
   each rank process, measured), per model; headline the largest. Beside it, the same above each rank's resident
-  set before it loads a model (Python, numpy, LiteRT, Open MPI: ~60 MB a process).
+  set before it loads a model (Python, numpy, LiteRT, Open MPI: ~46 MB a process); the same for the private
+  memory alone (RssAnon: weights, arenas, buffers; sampled after the build, after frames 1, 2, 4, 8, ... and at
+  the end); and rank_floor_share, what the single device holds whatever the split — that footprint plus the
+  library code (file-backed, LiteRT's) its first interpreter pages in — as a share of its peak: no split can
+  bring memory_ratio below it.
 - front_end_s / back_end_s: per model, VGG-19's as headline value.
 - nsga_s: the longest exploration; failure_detect_s: a link cut mid-run to the error; orphans: processes of
   the job left after the failure tests.
@@ -97,6 +101,8 @@ def run_point(prep: dict, mapping: dict, plat, out: Path, frames: int, xs: np.nd
             "identical": float(np.mean([np.array_equal(a, b) for a, b in zip(got, want[:frames])])),
             "peak_rss_bytes": [k["peak_rss_bytes"] for k in ranks],
             "base_rss_bytes": [k["base_rss_bytes"] for k in ranks],
+            **{key: [k[key] for k in ranks] for key in ("peak_anon_bytes", "base_anon_bytes", "file_bytes",
+                                                        "base_file_bytes")},
             "cpu_share": [k["cpu_s"] / k["wall_s"] for k in ranks],
             "busy_s": [k["busy_s"] for k in ranks], "mpirun_s": r.seconds}
 
@@ -216,6 +222,12 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
     res["memory_ratio"] = max(minmem["peak_rss_bytes"]) / max(one["peak_rss_bytes"])
     above = [p - b for p, b in zip(minmem["peak_rss_bytes"], minmem["base_rss_bytes"])]
     res["memory_ratio_above_base"] = max(above) / (one["peak_rss_bytes"][0] - one["base_rss_bytes"][0])
+    private = [p - b for p, b in zip(minmem["peak_anon_bytes"], minmem["base_anon_bytes"])]
+    res["memory_ratio_private"] = max(private) / (one["peak_anon_bytes"][0] - one["base_anon_bytes"][0])
+    # what every rank holds whatever its share of the model: its footprint before any model, and the library code
+    # (LiteRT's) its first interpreter pages in
+    res["rank_floor_bytes"] = one["base_rss_bytes"][0] + one["file_bytes"][0] - one["base_file_bytes"][0]
+    res["rank_floor_share"] = res["rank_floor_bytes"] / one["peak_rss_bytes"][0]
     res["costs"] = c.to_json()
     res["deploy"] = split_deploy.measure(NAME, d, zoo, work, params, plat8, QUOTA, NET, log)
     res["deploy"]["target_s"] = TABLE_I_DEPLOY_S[name] / 2
@@ -345,7 +357,10 @@ def main() -> int:
     result["memory_ratio"] = {"value": max(m["memory_ratio"] for m in ms.values()),
                               "per_model": {k: m["memory_ratio"] for k, m in ms.items()},
                               # beside, not instead: each rank's peak above its footprint before any model
-                              "above_base_per_model": {k: m["memory_ratio_above_base"] for k, m in ms.items()}}
+                              "above_base_per_model": {k: m["memory_ratio_above_base"] for k, m in ms.items()},
+                              # the private (anonymous) memory alone: weights, arenas, buffers; and the floor
+                              "private_per_model": {k: m["memory_ratio_private"] for k, m in ms.items()},
+                              "rank_floor_share_per_model": {k: m["rank_floor_share"] for k, m in ms.items()}}
     head = ms.get("VGG-19") or first
     result["front_end_s"] = {"value": head["front_end_s"], "per_model": {k: m["front_end_s"] for k, m in ms.items()}}
     result["back_end_s"] = {"value": head["back_end_s"], "per_model": {k: m["back_end_s"] for k, m in ms.items()}}

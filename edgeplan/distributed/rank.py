@@ -179,9 +179,13 @@ class Rank:
             raise RankError(f"ranks {others} run another revision of the split (tables.json sha256 "
                             f"{revisions[others[0]][:12]} vs {self.revision[:12]} here): refusing mixed revisions")
         me = self.tables["ranks"][self.rank]
-        self.base_rss_bytes = _rss()  # the process before any model: interpreter, numpy, LiteRT, Open MPI
+        base = _status()  # the process before any model: interpreter, numpy, LiteRT, Open MPI
+        self.base_rss_bytes = base["VmRSS"]
+        self.base_anon_bytes, self.base_file_bytes = base["RssAnon"], base["RssFile"]
         self.stages = [self.stage(s, max(1, len(me["slots"])), builtin)
                        for s in self.tables["stages"] if s["rank"] == self.rank]
+        self.peak_anon_bytes = self.file_bytes = 0
+        self.sample_memory()
         self.recv = {n: b for n, b in self.tables["buffers"].items() if self.rank in b["receivers"]}
         self.sends_of: dict[str, list[dict]] = {}  # tensor -> the buffers this rank sends of it (whole or rows)
         for n, b in self.tables["buffers"].items():
@@ -192,6 +196,14 @@ class Rank:
         self.ahead = ahead
         self.posted: dict[int, dict] = {}  # frame -> its receives posted: name -> (request, buffer, sender)
         self.sent_bytes = 0
+
+    def sample_memory(self) -> None:
+        """Note the private (anonymous) resident memory now, keeping its largest sample, and the file-backed pages
+        (code of the libraries loaded, LiteRT's paged in by the first interpreter: shared by the processes of a
+        host, yet in each one's RSS)."""
+        now = _status()
+        self.peak_anon_bytes = max(self.peak_anon_bytes, now["RssAnon"])
+        self.file_bytes = now["RssFile"]
 
     def load_tables(self, d: Path) -> tuple[dict, str]:
         """The split's tables and the revision every rank must share (a float rank, bench side, reads them as
@@ -351,13 +363,19 @@ def _inputs(tables: dict, path: str | None, frames: int, seed: int) -> np.ndarra
     return random_value((n, *spec["shape"]), dt, np.random.default_rng(seed))
 
 
-def _rss() -> int:
-    """This process's resident set now (VmRSS), bytes; 0 off Linux."""
+def _status() -> dict[str, int]:
+    """This process's resident set now, bytes: all of it (VmRSS), its private anonymous memory (RssAnon) and its
+    file-backed pages (RssFile); zeros off Linux."""
+    out = dict.fromkeys(("VmRSS", "RssAnon", "RssFile"), 0)
     try:
         with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-    except (OSError, StopIteration):
-        return 0
+            for line in f:
+                key = line.split(":", 1)[0]
+                if key in out:
+                    out[key] = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return out
 
 
 def _peak_rss() -> int:
@@ -490,6 +508,8 @@ def main(argv: list[str] | None = None, rank_type: type[Rank] = Rank) -> int:
         for f in range(frames):
             y = me.frame(f, xs[f % len(xs)] if head else None, pending, frames)
             ended.append(time.perf_counter() - t0)
+            if f & (f + 1) == 0:  # after frames 1, 2, 4, 8, ... (reading /proc costs ~20 us)
+                me.sample_memory()
             if head:
                 outs.append(y)
                 me.collect(outs, f - window, done, t0)
@@ -498,9 +518,12 @@ def main(argv: list[str] | None = None, rank_type: type[Rank] = Rank) -> int:
             me.collect(outs, frames, done, t0)
         me.drain(pending, frames)
         wall = time.perf_counter() - t0
+        me.sample_memory()
         stats = {"rank": me.rank, "host": me.host, "wall_s": wall, "busy_s": me.busy_s, "wait_s": me.wait_s,
                  "cpu_s": time.process_time() - c0, "invoke_cpu_s": me.invoke_cpu_s, "stages": [s.index for s in me.stages],
                  "peak_rss_bytes": _peak_rss(), "base_rss_bytes": me.base_rss_bytes, "sent_bytes": me.sent_bytes,
+                 "peak_anon_bytes": me.peak_anon_bytes, "base_anon_bytes": me.base_anon_bytes,
+                 "file_bytes": me.file_bytes, "base_file_bytes": me.base_file_bytes,
                  "steady_fps": steady_fps(ended, skip=me.size)}
         if args.expected:  # a self-test: the head's verdict to every rank, each device rolling back on a failure
             differ = _differ(np.stack([buf for buf, _ in outs]), args.expected) if head else None

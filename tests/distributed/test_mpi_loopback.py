@@ -50,6 +50,11 @@ def test_ranks_give_the_int8_models_outputs(split, tmp_path, ranks_left, window)
                                                          str(tmp_path / "y.npy"), *window])
     assert r.summary["frames"] == 16 and len(r.summary["ranks"]) == 3
     assert sorted(s for k in r.summary["ranks"] for s in k["stages"]) == list(range(9))
+    # memory as measured by each rank: its private memory grew by its interpreters (weights, arena), and the
+    # first one paged LiteRT's code in (file-backed)
+    for k in r.summary["ranks"]:
+        assert k["peak_rss_bytes"] > k["base_rss_bytes"] > k["base_anon_bytes"] > 0
+        assert k["peak_anon_bytes"] > k["base_anon_bytes"] and k["file_bytes"] > k["base_file_bytes"] > 0
     whole = litert.interpreter((d / "model_int8.tflite").read_bytes(), deterministic=False)
     want = np.stack([invoke_named(whole, {t["input"]["name"]: x})[t["output"]["name"]] for x in xs])
     assert np.array_equal(np.load(tmp_path / "y.npy"), want)
