@@ -486,11 +486,13 @@ def verify(table: dict, blob: dict[str, bytes], model: bytes, *, samples: int = 
 
 
 def split(root: Path, plan: list[tuple[Interval, ...]], devices: list[Device], out: Path, *, axis: int = 1,
-          samples: int = 2, seed: int = 0, extra: dict | None = None) -> dict:
+          samples: int = 2, seed: int = 0, extra: dict | None = None, region=None) -> dict:
     """Write the tiles of ``plan`` for the artifact ``root`` (``model_int8.tflite``) to ``out``: one MPI rank per
     platform device in ``devices`` (the order of the plan's partitions; the first is the head). Verified first in
-    process — the tiles as the ranks run them identical to the whole int8 model with both kernel
-    sets — and nothing is written when they are not. Returns spatial.json's content (``extra`` merged in)."""
+    process — the tiles as the ranks run them identical to the whole int8 model with both kernel sets, and, given
+    the float ``region`` the plan was made on (``plan/spatial/blocks``), the float tiles equal to the whole float
+    model (``surgery/spatial_float``) — and nothing is written when they are not. Returns spatial.json's content
+    (``extra`` merged in)."""
     t0 = time.perf_counter()
     int8 = (Path(root) / "model_int8.tflite").read_bytes()
     graph = TfliteGraph(int8)
@@ -504,6 +506,14 @@ def split(root: Path, plan: list[tuple[Interval, ...]], devices: list[Device], o
     check = verify(table, blob, int8, samples=samples, seed=seed)
     if min(check.values()) < 1.0:
         raise PlanError(f"the tiles do not give the int8 model's outputs ({check}); nothing written to {out}")
+    if region is not None:
+        from edgeplan.surgery import spatial_float
+
+        floats = spatial_float.verify(Path(root) / "model.onnx", region, t, graph, samples=samples, seed=seed)
+        if floats["float_max_abs_diff"] != 0.0:
+            raise PlanError(f"the float tiles differ from the whole float model by up to "
+                            f"{floats['float_max_abs_diff']:.3g}; nothing written to {out}")
+        check = {**check, **floats}
     with staged_dir(out) as scratch:
         (scratch / "int8").mkdir()
         for name, data in blob.items():

@@ -72,12 +72,14 @@ def test_profile_plan_and_tiles_end_to_end(chain_root, tmp_path, capsys):
     assert main([*args, "plan", "spatial", "--deployment", DEP, "--out", str(root), "--dims", "H,W"]) == 0
     shown = " ".join(capsys.readouterr().out.split())
     assert "ADaPS plan for chain-split" in shown and "identical to the int8 model: builtin kernels 100%, xnnpack kernels 100%" in shown
+    assert "float tiles vs the float model: max |diff| 0" in shown
     record = json.loads((root / "deployments" / DEP / "plans" / "spatial.json").read_text())
     assert set(record["searched"]) == {"H", "W"} and record["axis"] in ("H", "W")
     assert record["score_s"] == min(r["score_s"] for r in record["searched"].values())
     assert [x["id"] for x in record["devices"]] == ["dev-a", "dev-b"]
     assert all(len(part) == 2 for part in record["partitions"])
     assert record["tiles"]["identical"] == {"int8_identical_builtin": 1.0, "int8_identical_xnnpack": 1.0}
+    assert record["tiles"]["float_max_abs_diff"] == 0.0  # the float tiles, cut as the int8 ones, equal the model
     # the tiles written are what the ranks run: in process, they give the int8 model's bits
     out = root / "deployments" / DEP / "spatial"
     table = json.loads((out / "tables.json").read_text())

@@ -121,3 +121,27 @@ def test_split_writes_a_verified_directory(chain_model, tmp_path):
     assert sorted(x.name for x in (tmp_path / "s" / "int8").iterdir()) == sorted(
         s["int8"].split("/")[1] for s in t["stages"])
     assert (tmp_path / "s" / "rankfile").read_text() == "rank 0=localhost slot=0\nrank 1=localhost slot=1\n"
+
+
+@pytest.mark.parametrize("axis,n,seed", [(1, 2, 0), (2, 3, 2), (1, 5, 5)])
+def test_float_tiles_give_the_whole_float_models_values_exactly(chain_model, axis, n, seed):
+    """The float tiles, cut as the int8 ones (a SAME window padded as TF pads the tile), each reading the rows the
+    tiles before it computed, equal the whole float model at every row they keep: 0 difference."""
+    from edgeplan.surgery import spatial_float
+
+    d, graph = chain_model
+    view = GraphView(onnx.load(str(d / "model.onnx"), load_external_data=False))
+    r = region(view, "H" if axis == 1 else "W")
+    sizes = [x.ops[-1].out_size for x in spatial.chain(graph, axis, len(r.layers))]
+    t = spatial.tiling(graph, random_plan(sizes, n, np.random.default_rng(seed)), axis)
+    check = spatial_float.verify(d / "model.onnx", r, t, graph, samples=2, seed=seed)
+
+    def row(k: int) -> int:  # values in a row of layer k's output (NCHW, the axis one further on than NHWC's)
+        shape = view.shape(spatial_float.tensor_of(view, r, k))
+        return int(np.prod(shape)) // shape[axis + 1]
+
+    # every value of every row a group keeps, over both samples
+    per_sample = sum((g.tile.valid[k - g.first][1] - g.tile.valid[k - g.first][0]) * row(k)
+                     for g in t.groups for k in g.outputs)
+    assert check["float_max_abs_diff"] == 0.0
+    assert check["float_values_compared"] == 2 * per_sample > 0

@@ -99,9 +99,9 @@ def region(view: GraphView, dim: str = "H") -> Region:
     reason = "the model's output"
 
     def close() -> None:
-        if current is not None:
+        if current is not None:  # the layer's output: the tensor a pending Pad reads, not the padded one
             layers.append(Layer(current["name"], current["window"], current["macs"], current["in_row"],
-                                current["out_row"](tensor)))
+                                current["out_row"](padded[1] if padded is not None else tensor)))
             groups.append(current["nodes"])
 
     def row_bytes(name: str) -> int:

@@ -6,8 +6,9 @@ class's conv-speed fit in the model's ``profiles/<class>.json`` (``edgeplan prof
 under the class's ``cpu_quota`` when it has one), BW_d the class's ``net_bytes_per_s``. The search (eq. (12),
 ``search.search_network``) runs along each of the dimensions asked at the threshold asked; the dimension whose
 plan scores best is cut into int8 tiles (``surgery/spatial.split``: verified identical to the int8 model with
-both kernel sets before anything is written) under ``deployments/<name>/spatial/``, and ``plans/spatial.json``
-records the devices and their speeds, each dimension's score and search counters, the plan and its tiles.
+both kernel sets, and its float tiles equal to the float model, before anything is written) under
+``deployments/<name>/spatial/``, and ``plans/spatial.json`` records the devices and their speeds, each
+dimension's score and search counters, the plan and its tiles.
 """
 from __future__ import annotations
 
@@ -72,9 +73,9 @@ def plan_spatial(root: Path, name: str, params: dict, threshold: float | None = 
     model, version, d = split_model(root, params, name, "a spatial split")
     platform, devices = devices_of(params, name, d)
     view = GraphView(onnx.load(str(d / "model.onnx"), load_external_data=False))
-    searched, plans = {}, {}
+    searched, plans, regions = {}, {}, {}
     for dim in dims:
-        region = blocks.region(view, dim)
+        region = regions[dim] = blocks.region(view, dim)
         plan = search.search_network(list(region.layers), devices, threshold)
         plans[dim] = plan
         searched[dim] = {"score_s": plan.score, "search_s": plan.seconds, "layers": len(region.layers),
@@ -83,7 +84,7 @@ def plan_spatial(root: Path, name: str, params: dict, threshold: float | None = 
     out_dir = Path(root) / "deployments" / name
     summary = tiles.split(d, list(plans[best].partitions), list(platform.devices), out_dir / SPLIT_DIR,
                           axis=AXES[best] - 1, samples=int(settings["verify_samples"]),
-                          seed=int(params["verify"]["seed"]))
+                          seed=int(params["verify"]["seed"]), region=regions[best])
     record = {
         "schema_version": SCHEMA, "deployment": name, "model": model, "version": version,
         "model_int8_sha256": summary["model"]["int8_sha256"],
@@ -94,7 +95,9 @@ def plan_spatial(root: Path, name: str, params: dict, threshold: float | None = 
         "partitions": [[list(iv) for iv in p] for p in plans[best].partitions],
         "tiles": {"dir": SPLIT_DIR, "tables_sha256": hashlib.sha256(
             (out_dir / SPLIT_DIR / "tables.json").read_bytes()).hexdigest(), "stages": summary["stages"],
-                  "bytes_per_frame": summary["bytes"], "identical": summary["verify"]},
+                  "bytes_per_frame": summary["bytes"],
+                  "identical": {k: v for k, v in summary["verify"].items() if k.startswith("int8_")},
+                  "float_max_abs_diff": summary["verify"]["float_max_abs_diff"]},
     }
     out = out_dir / PLAN_FILE
     write_json_atomic(out, record)
