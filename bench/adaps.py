@@ -34,7 +34,8 @@ What runs (no flags needed):
     the head's suffix (the Type 3 rest of the model) and the gather; no target.
   - ``max_abs_diff``: the float ONNX tiles of every plan run (``surgery/spatial_float``: cut as the int8 tiles,
     each reading the rows the tiles before it computed, onnxruntime at ORT_ENABLE_BASIC) against the whole float
-    model at every row they keep, two seeded inputs in [-1, 1]; the largest |difference| over all of them.
+    model at every row they keep, two seeded inputs in [-1, 1]; the largest |difference| over all of them, the
+    plans not exact, and the largest difference relative to the largest value compared.
 
 The first layer's input is scored as sent by the head (the scatter; ``cost.source``). Regions: VGG16 and AlexNet
 partition up to their flatten; MobileNetV2 stops at its first residual branch and InceptionV3 at its first
@@ -329,6 +330,8 @@ def main() -> int:
         "int8_identical": min(min(p["int8_identical_builtin"], p["int8_identical_xnnpack"], p["int8_identical_mpi"])
                               for p in plans),
         "max_abs_diff": {"value": max(p["float_max_abs_diff"] for p in plans), "plans": len(plans),
+                         "plans_not_exact": sum(p["float_max_abs_diff"] > 0 for p in plans),
+                         "relative_max": max(p["float_max_abs_diff"] / p["float_max_abs_value"] for p in plans),
                          "values_compared": sum(p["float_values_compared"] for p in plans)},
         "data_reduction": {"value": runs["VGG16/2dev/10M"]["adaps_over_edgeflow"]["app_bytes"],
                            "cells": {k: {"adaps": c["adaps_over_edgeflow"], "bbgrap": c["bbgrap_over_edgeflow"]}

@@ -145,3 +145,24 @@ def test_float_tiles_give_the_whole_float_models_values_exactly(chain_model, axi
                      for g in t.groups for k in g.outputs)
     assert check["float_max_abs_diff"] == 0.0
     assert check["float_values_compared"] == 2 * per_sample > 0
+
+
+def test_a_split_whose_float_tiles_are_misplaced_is_refused(chain_model, tmp_path, monkeypatch):
+    """Float tiles padded one row off (their rows land one row away): split says so and writes nothing; padded
+    right, the same split is written, its float check beside the int8 one."""
+    from edgeplan.surgery import spatial_float
+
+    d, graph = chain_model
+    r = region(GraphView(onnx.load(str(d / "model.onnx"), load_external_data=False)), "H")
+    sizes = [x.ops[-1].out_size for x in spatial.chain(graph, 1, len(r.layers))]
+    p = spec.parse_text("dev0, cpu, slots=0, host=localhost\ndev1, cpu, slots=1, host=localhost\n", "platform")
+    plan = [tuple(spatial_even(s, 2)) for s in sizes]
+    right = spatial_float.tile_pads
+    monkeypatch.setattr(spatial_float, "tile_pads", lambda *a: {k: (b + 1, e - 1) if e else (b - 1, e + 1)
+                                                                for k, (b, e) in right(*a).items()})
+    with pytest.raises(PlanError, match="float tiles"):
+        spatial.split(d, plan, list(p.devices), tmp_path / "s", region=r)
+    assert not (tmp_path / "s").exists()
+    monkeypatch.setattr(spatial_float, "tile_pads", right)
+    summary = spatial.split(d, plan, list(p.devices), tmp_path / "s", region=r)
+    assert summary["verify"]["float_max_abs_diff"] == 0.0 and summary["verify"]["int8_identical_builtin"] == 1.0
