@@ -491,8 +491,8 @@ def split(root: Path, plan: list[tuple[Interval, ...]], devices: list[Device], o
     platform device in ``devices`` (the order of the plan's partitions; the first is the head). Verified first in
     process — the tiles as the ranks run them identical to the whole int8 model with both kernel sets, and, given
     the float ``region`` the plan was made on (``plan/spatial/blocks``), the float tiles equal to the whole float
-    model up to rounding (``surgery/spatial_float.TOLERANCE``) — and nothing is written when they are not. Returns spatial.json's content
-    (``extra`` merged in)."""
+    model up to rounding (``surgery/spatial_float.TOLERANCE``) — and nothing is written when they are not.
+    Returns spatial.json's content (``extra`` merged in)."""
     t0 = time.perf_counter()
     int8 = (Path(root) / "model_int8.tflite").read_bytes()
     graph = TfliteGraph(int8)
