@@ -15,6 +15,8 @@ Pipeline side (onnx, onnxruntime); nothing is written.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -37,13 +39,30 @@ DIMS = {1: "H", 2: "W"}  # the int8 (NHWC) axis -> the dimension
 TOLERANCE = 1e-5
 
 
-def _by_name(view: GraphView) -> dict[str, onnx.NodeProto]:
-    return {n.name: n for n in view.graph.node}
+@dataclass(frozen=True)
+class FloatRegion:
+    """The float model's region (``blocks.region``), indexed once: its nodes by name, each layer's output."""
 
+    view: GraphView
+    region: Region
 
-def _windowed(named: dict[str, onnx.NodeProto], region: Region, k: int) -> onnx.NodeProto | None:
-    """The Type 1 node of the region's layer ``k`` (None for a leading layer of Type 2 ops)."""
-    return next((named[n] for n in region.nodes[k] if onnx_type(named[n].op_type) == TYPE1), None)
+    @cached_property
+    def named(self) -> dict[str, onnx.NodeProto]:
+        return {n.name: n for n in self.view.graph.node}
+
+    @cached_property
+    def outputs(self) -> list[str]:
+        """Per layer, the tensor it outputs (its last node's)."""
+        return [self.named[nodes[-1]].output[0] for nodes in self.region.nodes]
+
+    def before(self, k: int) -> str:
+        """The tensor layer ``k`` reads."""
+        return self.view.input.name if k == 0 else self.outputs[k - 1]
+
+    def windowed(self, k: int) -> onnx.NodeProto | None:
+        """The Type 1 node of layer ``k`` (None for a leading layer of Type 2 ops)."""
+        return next((self.named[n] for n in self.region.nodes[k] if onnx_type(self.named[n].op_type) == TYPE1),
+                    None)
 
 
 def tile_pads(graph: TfliteGraph, layers: tuple[ChainLayer, ...], g: Group) -> dict[int, tuple[int, int]]:
@@ -79,16 +98,15 @@ def _rewritten(node: onnx.NodeProto, view: GraphView, dim: str, pads: tuple[int,
     return copy
 
 
-def tile_model(view: GraphView, region: Region, t: Tiling, graph: TfliteGraph, g: Group
-               ) -> tuple[onnx.ModelProto, str, list[str]]:
-    """The group's float tile: (model, its input, its outputs — the tensors of the layers the group outputs).
-    Its initializers are the model's own (external data stays where the model keeps it)."""
+def tile_model(f: FloatRegion, t: Tiling, graph: TfliteGraph, g: Group) -> tuple[onnx.ModelProto, str, list[str]]:
+    """The group's float tile: (model, its input, its outputs — the tensors of the layers the group outputs, in
+    layer order). Its initializers are the model's own (external data stays where the model keeps it)."""
+    view, region = f.view, f.region
     dim = DIMS[t.axis]
-    named = _by_name(view)
     pads = tile_pads(graph, t.layers, g)
     nodes = []
     for k in range(g.first, g.last + 1):
-        windowed = _windowed(named, region, k)
+        windowed = f.windowed(k)
         c = t.layers[k]
         if windowed is not None:
             w = window(windowed, view, dim)
@@ -98,10 +116,10 @@ def tile_model(view: GraphView, region: Region, t: Tiling, graph: TfliteGraph, g
         elif k in pads:
             raise PlanError(f"layer {k}: the int8 layer has a window, the float one (nodes {region.nodes[k]}) none")
         for name in region.nodes[k]:
-            node = named[name]
+            node = f.named[name]
             nodes.append(_rewritten(node, view, dim, pads[k]) if node is windowed and k in pads else node)
-    source = _tensor_before(view, region, g.first)
-    outputs = [tensor_of(view, region, k) for k in sorted(g.outputs)]
+    source = f.before(g.first)
+    outputs = [f.outputs[k] for k in sorted(g.outputs)]
     shape = list(view.shape(source))
     shape[AXES[dim]] = g.tile.rows[1] - g.tile.rows[0]
     reads = dict.fromkeys(x for n in nodes for x in n.input if x in view.initializers)
@@ -111,15 +129,6 @@ def tile_model(view: GraphView, region: Region, t: Tiling, graph: TfliteGraph, g
                                initializer=[view.initializers[x] for x in reads])
     m = view.model
     return helper.make_model(graph_, opset_imports=list(m.opset_import), ir_version=m.ir_version), source, outputs
-
-
-def tensor_of(view: GraphView, region: Region, k: int) -> str:
-    last = region.nodes[k][-1]
-    return next(n.output[0] for n in view.graph.node if n.name == last)
-
-
-def _tensor_before(view: GraphView, region: Region, k: int) -> str:
-    return view.input.name if k == 0 else tensor_of(view, region, k - 1)
 
 
 def verify(path: Path, region: Region, t: Tiling, graph: TfliteGraph, *, samples: int = 2, seed: int = 0) -> dict:
@@ -132,13 +141,13 @@ def verify(path: Path, region: Region, t: Tiling, graph: TfliteGraph, *, samples
 
     path = Path(path)
     view = GraphView(load_stored(path))
-
+    f = FloatRegion(view, region)
     if len(region.layers) != len(t.layers):
         raise PlanError(f"the float region has {len(region.layers)} layers, the int8 tiling {len(t.layers)}")
     axis = AXES[DIMS[t.axis]]
-    tiles = [(g, *tile_model(view, region, t, graph, g)) for g in t.groups]
+    tiles = [(g, *tile_model(f, t, graph, g)) for g in t.groups]
     sessions = [session(m, folder=path.parent) for _, m, _, _ in tiles]
-    kept = sorted({tensor_of(view, region, k) for g in t.groups for k in g.outputs})
+    kept = sorted({f.outputs[k] for g in t.groups for k in g.outputs})
     rng = np.random.default_rng(seed)
     xs = rng.uniform(-1, 1, (samples, *view.shape(view.input.name)[1:])).astype(np.float32)
     worst, compared, scale = 0.0, 0, 0.0
@@ -151,8 +160,7 @@ def verify(path: Path, region: Region, t: Tiling, graph: TfliteGraph, *, samples
             if source not in have or not have[source][a:b].all():
                 raise PlanError(f"tile {g.index} reads rows [{a}, {b}) of {source!r}, not all computed before it")
             got = sess.run(outputs, {source: np.take(rows[source], range(a, b), axis=axis)})
-            for k, value in zip(sorted(g.outputs), got):
-                name = tensor_of(view, region, k)
+            for k, name, value in zip(sorted(g.outputs), outputs, got):
                 off, (s, e) = g.tile.offsets[k - g.first], g.tile.valid[k - g.first]
                 part = np.take(value, range(s - off, e - off), axis=axis)
                 want = np.take(whole[name], range(s, e), axis=axis)
