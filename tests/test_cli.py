@@ -44,6 +44,9 @@ def test_compile_writes_the_tree_and_prints_the_verify_table(tmp_path):
     assert all(r["peak_rss_bytes"] >= r["baseline_rss_bytes"] > 0 for r in stages.values())
     assert stages["int8 conversion"]["peak_over_baseline_bytes"] > 0  # onnx2tf runs in a child process: counted
     assert "peak memory per stage" in proc.stdout
+    # what the converter's children printed is kept beside the artifacts, one block per child (edgeplan/childlog.py)
+    kept = (root / "logs" / "convert.log").read_text()
+    assert kept.count("=== ") == 2 and "onnx2tf" in kept and kept.count(" exit 0: ") == 2, kept[:2000]
     # verify alone re-runs the checks; a tampered int8 model fails with exit status 1
     assert _edgeplan("verify", str(root), cwd=tmp_path).returncode == 0
     data = bytearray((root / "segments" / "p2" / "suffix_int8.tflite").read_bytes())
@@ -131,6 +134,39 @@ def test_bad_input_exits_2_with_a_message(tmp_path, capsys):
     assert "junk.onnx" in capsys.readouterr().err
     assert main(["compile", "zoo:nope", "--name", "x", "--version", "1", "--out", str(tmp_path)]) == 2
     assert "no such zoo model" in capsys.readouterr().err
+
+
+def test_a_model_tf2onnx_cannot_convert_fails_in_one_line_naming_the_op_and_the_log(tmp_path):
+    """tf2onnx's own lines about an op it cannot convert go to the artifact's logs/, not the terminal; the one error
+    line names the op, its node and that file. The failed attempt is not a version: ``latest`` does not pick it."""
+    import tensorflow as tf
+
+    from edgeplan.errors import PlanError
+    from edgeplan.pipeline.planning import resolve_version
+
+    class Bessel(tf.Module):
+        def __init__(self):
+            self.w = tf.Variable(tf.random.stateless_normal((3, 3, 3, 4), seed=(1, 2)))
+
+        @tf.function(input_signature=[tf.TensorSpec((1, 8, 8, 3), tf.float32)])
+        def __call__(self, x):
+            return tf.math.special.bessel_i0e(tf.nn.conv2d(x, self.w, 1, "SAME"))
+
+    tf.saved_model.save(Bessel(), str(tmp_path / "bessel"))
+    proc = _edgeplan("compile", "bessel", "--name", "bessel", "--version", "1", "--out", "out", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    said = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "error" in ln.lower()]
+    log = tmp_path / "out" / "bessel" / "1" / "logs" / "ingest-failed.log"
+    assert len(said) == 1 and "'BesselI0e' x1 ('StatefulPartitionedCall" in said[0], proc.stdout + proc.stderr
+    assert said[0].endswith(f"(converter output: {Path('out') / 'bessel' / '1' / 'logs' / 'ingest-failed.log'})")
+    assert "Traceback" not in proc.stdout + proc.stderr and "is not supported" not in proc.stdout + proc.stderr
+    assert "BesselI0e: BesselI0e] is not supported" in log.read_text()  # tf2onnx's line, kept
+    assert not (log.parents[1] / "model.json").exists()
+    try:
+        resolve_version(tmp_path / "out", "bessel", "latest")
+        raise AssertionError("a failed ingest was taken for a version")
+    except PlanError as e:
+        assert "no artifacts" in str(e)
 
 
 def test_a_keras_3_model_with_modern_blocks_compiles_and_verifies(tmp_path, modern_keras):

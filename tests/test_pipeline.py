@@ -105,8 +105,10 @@ def test_a_conversion_past_its_time_limit_is_stopped_with_a_message(tmp_path):
     from edgeplan.zoo import tiny
 
     path = _save(tiny.model(), tmp_path / "tiny.onnx")
-    with pytest.raises(ConversionError, match=r"did not finish within 1 s"):
-        convert.to_int8_tflite(path, np.zeros((2, 3, 32, 32), np.float32), tmp_path / "work", timeout=1)
+    log = tmp_path / "logs" / "convert.log"
+    with pytest.raises(ConversionError, match=r"did not finish within 1 s \(converter output: .*convert.log\)"):
+        convert.to_int8_tflite(path, np.zeros((2, 3, 32, 32), np.float32), tmp_path / "work", timeout=1, log=log)
+    assert log.read_text().startswith("=== ") and " timed out: " in log.read_text()
 
 
 def test_a_build_after_its_conversion_does_not_convert_again(tmp_path, params, monkeypatch):

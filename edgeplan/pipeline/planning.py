@@ -24,13 +24,14 @@ def deployment(params: dict, name: str) -> dict:
 
 
 def resolve_version(root: Path, model: str, version: str) -> str:
-    """``latest`` -> the highest version directory under ``root/model`` (numeric when they are numbers)."""
+    """``latest`` -> the highest version directory under ``root/model`` holding a model (numeric when they are
+    numbers; a failed ingest leaves only its ``logs/``)."""
     base = Path(root) / model
     if version != "latest":
         if not (base / version).is_dir():
             raise PlanError(f"model {model!r} version {version!r}: no artifacts at {base / version}")
         return version
-    found = [d.name for d in base.iterdir() if d.is_dir()] if base.is_dir() else []
+    found = [d.name for d in base.iterdir() if (d / "model.json").is_file()] if base.is_dir() else []
     if not found:
         raise PlanError(f"model {model!r}: no artifacts under {base}; compile it first (`edgeplan compile`)")
     return max(found, key=lambda v: (0, int(v)) if v.isdigit() else (1, v))

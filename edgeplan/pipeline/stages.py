@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 import onnx
 
+from edgeplan import childlog
 from edgeplan.artifacts import (
     PROTOBUF_LIMIT,
     AccuracyReport,
@@ -80,8 +81,16 @@ def ingest(source: str | Path, name: str, version: str, out_root: Path,
                                          "ingest.max_model_bytes); nothing was read. Raise the limit if this machine "
                                          "has the memory to convert it.")
             preflight.check(size, src, max_memory, stages=("ingest",))
+    logs = out / childlog.DIR
     with scratch("ingest") as tmp, memory.stage("ingest"):
-        _ingest_child(src, Path(out_root) / ".zoo", tmp, name, str(version), input_shape)
+        try:
+            _ingest_child(src, Path(out_root) / ".zoo", tmp, name, str(version), input_shape, tmp / "ingest.log")
+        except EdgeplanError as e:  # the converter's output beside the artifacts (never over a model's own log)
+            if not (tmp / "ingest.log").is_file():
+                raise
+            failed = logs / "ingest-failed.log"
+            _keep_log(tmp / "ingest.log", failed)
+            raise type(e)(f"{e}{childlog.named(failed)}") from None
         made = ModelInfo.load(tmp / "model.json")
         if (out / "model.json").is_file():  # a version names one model: the same again is a no-op, another is refused
             held = ModelInfo.load(out / "model.json")
@@ -95,13 +104,24 @@ def ingest(source: str | Path, name: str, version: str, out_root: Path,
         out.mkdir(parents=True, exist_ok=True)
         _copy_onnx(Path(tmp) / "model.onnx", out / "model.onnx")
         made.save(out / "model.json")
+        if (tmp / "ingest.log").is_file():
+            _keep_log(tmp / "ingest.log", logs / "ingest.log")
     return out
 
 
+def _keep_log(made: Path, kept: Path) -> None:
+    """Copy the ingest child's log to the artifact directory's ``logs/`` (when it can be written there)."""
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(made, kept)
+    except OSError:
+        pass
+
+
 def _ingest_child(src: str, zoo_dir: Path, tmp: Path, name: str, version: str,
-                  input_shape: Sequence[int] | None) -> None:
-    """Run ``pipeline/ingest_child``; its EdgeplanError is raised here as the same class, anything else that ends it
-    as one UnsupportedModelError."""
+                  input_shape: Sequence[int] | None, log: Path) -> None:
+    """Run ``pipeline/ingest_child``, its output kept in ``log`` (``childlog``); its EdgeplanError is raised here as
+    the same class, anything else that ends it as one UnsupportedModelError."""
     import subprocess
     import sys
 
@@ -112,6 +132,8 @@ def _ingest_child(src: str, zoo_dir: Path, tmp: Path, name: str, version: str,
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="-1", TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"))
     proc = subprocess.run([sys.executable, "-m", "edgeplan.pipeline.ingest_child", src, str(zoo_dir), str(tmp), name,
                            version, shape], capture_output=True, text=True, env=env, check=False)
+    if any(ln.strip() and not ln.startswith(ERROR_MARK) for ln in (proc.stdout + proc.stderr).splitlines()):
+        childlog.keep(log, proc.args, proc.returncode, proc.stdout, proc.stderr)
     if proc.returncode == 0:
         return
     said = next((ln[len(ERROR_MARK):] for ln in reversed(proc.stderr.splitlines()) if ln.startswith(ERROR_MARK)), None)
@@ -212,7 +234,8 @@ def build(root: Path, params: dict, progress: Progress = _noop) -> BuildResult:
     if data is None:
         with scratch("convert") as tmp, memory.stage("int8 conversion"):
             data = convert.to_int8_tflite(model_path, calibration, tmp, qp["timeout_s"], pieces, view,
-                                          lambda done, total: progress("int8 conversion", done, total))
+                                          lambda done, total: progress("int8 conversion", done, total),
+                                          log=root / childlog.DIR / "convert.log")
         # the record first: a kill between the two leaves a record naming bytes that are not there, and the next
         # build converts (once); the other order left a converted model without its record, converted again
         write_json_atomic(root / CONVERTED_FROM, {**made_from, "tflite_sha256": hashlib.sha256(data).hexdigest()})

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from edgeplan import childlog
 from edgeplan.errors import ConversionError
 from edgeplan.graph.model import GraphView
 from edgeplan.quantize.pieces import Piece
@@ -47,8 +48,10 @@ def check_convertible(model: onnx.ModelProto, source: str) -> None:
             )
 
 
-def _onnx2tf(onnx_path: Path, out_dir: Path, timeout: float, source: Path | None = None) -> None:
-    # onnx2tf's own command line (its main()), in a child that stops it once the SavedModel is written
+def _onnx2tf(onnx_path: Path, out_dir: Path, timeout: float, source: Path | None = None,
+             log: Path | None = None) -> None:
+    # onnx2tf's own command line (its main()), in a child that stops it once the SavedModel is written; what it
+    # prints is kept in ``log`` (``childlog``)
     _int8_rewrites(onnx_path)
     cmd = [sys.executable, "-c", _ONNX2TF, "-i", str(onnx_path), "-o", str(out_dir / "saved_model"), "-b", "1",
            "--not_use_onnxsim", "-v", "error"]
@@ -59,9 +62,12 @@ def _onnx2tf(onnx_path: Path, out_dir: Path, timeout: float, source: Path | None
     try:
         proc = subprocess.run(cmd, cwd=out_dir, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        raise ConversionError(f"{source or onnx_path}: onnx2tf did not finish within {timeout:.0f} s") from e
+        childlog.keep(log, cmd, None, e.stdout, e.stderr)
+        raise ConversionError(f"{source or onnx_path}: onnx2tf did not finish within {timeout:.0f} s"
+                              f"{childlog.named(log)}") from e
+    childlog.keep(log, cmd, proc.returncode, proc.stdout, proc.stderr)
     if proc.returncode != 0 or not (out_dir / "saved_model" / "saved_model.pb").is_file():
-        raise ConversionError(_explain_failure(onnx_path, proc.stdout + proc.stderr, source))
+        raise ConversionError(_explain_failure(onnx_path, proc.stdout + proc.stderr, source) + childlog.named(log))
 
 
 # erf(x) ~ tanh(x (A + B x^2)): the tanh form of GELU (A = 2/sqrt(pi); |error| <= 3.6e-4 over the reals)
@@ -182,39 +188,44 @@ def _explain_failure(onnx_path: Path, output: str, source: Path | None = None) -
 
 def to_int8_tflite(onnx_path: Path, calibration: np.ndarray, workdir: Path, timeout: float = 1800,
                    pieces: list[Piece] | None = None, view: GraphView | None = None,
-                   progress: Callable[[int, int], None] | None = None) -> bytes:
+                   progress: Callable[[int, int], None] | None = None, log: Path | None = None) -> bytes:
     """Convert once; ``calibration`` is float32 NCHW (N, C, H, W) or (N, ...) for non-image inputs. Both steps
     run in child processes: the TFLite quantizer aborts the process on some inputs (a calibration range that is
     not finite), and an abort must end in one line, not take the pipeline down. With more than one of ``pieces``
     (``quantize/pieces.plan`` on ``view``, the model's GraphView), the model is converted piece by piece
-    (``quantize/piecewise``)."""
+    (``quantize/piecewise``). What the children print goes to ``log``, begun afresh (``childlog``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     source = Path(onnx_path).resolve()
+    childlog.start(log)
     if pieces and (len(pieces) > 1 or pieces[0].parts > 1):
         from edgeplan.quantize import piecewise
 
-        return piecewise.convert(view, pieces, source, calibration, workdir, timeout, progress)
+        return piecewise.convert(view, pieces, source, calibration, workdir, timeout, progress, log)
     # onnx2tf rewrites the model it is given (it simplifies it in place): give it a copy, so model.onnx keeps
     # the bytes its fingerprint in model.json was taken from
     copy = workdir / "input.onnx"
     shutil.copyfile(source, copy)
-    _onnx2tf(copy, workdir, timeout, source)
+    _onnx2tf(copy, workdir, timeout, source, log)
     np.save(workdir / "calibration.npy", calibration.transpose(0, 2, 3, 1) if calibration.ndim == 4 else calibration)
     out = workdir / "model_int8.tflite"
-    run_tf_child([sys.executable, "-c", _QUANTIZE, str(workdir)], source, "int8 quantization", timeout, workdir)
+    run_tf_child([sys.executable, "-c", _QUANTIZE, str(workdir)], source, "int8 quantization", timeout, workdir,
+                 log)
     if not out.is_file():
         raise ConversionError(f"{source}: int8 quantization wrote no model")
     return out.read_bytes()
 
 
-def run_tf_child(cmd: list[str], source, what: str, timeout: float, workdir: Path) -> None:
-    """Run a TensorFlow child of the conversion; a failure, a time-out or an abort (a crash of the quantizer, or of
-    LiteRT loading what it wrote: ``workdir/unchecked.tflite``) is one ConversionError saying which."""
+def run_tf_child(cmd: list[str], source, what: str, timeout: float, workdir: Path, log: Path | None = None) -> None:
+    """Run a TensorFlow child of the conversion, its output kept in ``log``; a failure, a time-out or an abort (a
+    crash of the quantizer, or of LiteRT loading what it wrote: ``workdir/unchecked.tflite``) is one
+    ConversionError saying which (and naming the log)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="-1", TF_CPP_MIN_LOG_LEVEL="3")
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, check=False, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        raise ConversionError(f"{source}: {what} did not finish within {timeout:.0f} s") from e
+        childlog.keep(log, cmd, None, e.stdout, e.stderr)
+        raise ConversionError(f"{source}: {what} did not finish within {timeout:.0f} s{childlog.named(log)}") from e
+    childlog.keep(log, cmd, proc.returncode, proc.stdout, proc.stderr)
     if proc.returncode == 0:
         return
     if proc.returncode > 0:
@@ -222,12 +233,13 @@ def run_tf_child(cmd: list[str], source, what: str, timeout: float, workdir: Pat
                else f"{what} failed")
     elif _LOADING in proc.stderr:
         raise ConversionError(f"{source}: the int8 model the quantizer wrote makes LiteRT abort (signal "
-                              f"{-proc.returncode}) when it is loaded; {_largest_scale(workdir / 'unchecked.tflite')}")
+                              f"{-proc.returncode}) when it is loaded; {_largest_scale(workdir / 'unchecked.tflite')}"
+                              f"{childlog.named(log)}")
     else:
         how = (f"the quantizer aborted (signal {-proc.returncode}): are the float model's activations finite "
                "on the calibration data? (a weight far out of range overflows them)")
     last = _last_error((proc.stdout + proc.stderr).replace(_LOADING, ""))
-    raise ConversionError(f"{source}: {how}{f' ({last})' if last else ''}")
+    raise ConversionError(f"{source}: {how}{f' ({last})' if last else ''}{childlog.named(log)}")
 
 
 # onnx2tf, run by _onnx2tf in a child with onnx2tf's arguments. After the SavedModel, onnx2tf converts it to float32

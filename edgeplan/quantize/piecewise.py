@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 def convert(view: GraphView, pieces: list[Piece], source: Path, calibration: np.ndarray, workdir: Path,
-            timeout: float, progress: Callable[[int, int], None] | None = None) -> bytes:
+            timeout: float, progress: Callable[[int, int], None] | None = None, log: Path | None = None) -> bytes:
     from edgeplan.quantize.convert import _onnx2tf, run_tf_child
 
     workdir = Path(workdir).resolve()  # onnx2tf runs in each piece's directory
@@ -51,9 +51,9 @@ def convert(view: GraphView, pieces: list[Piece], source: Path, calibration: np.
             d = workdir / f"piece{piece.index:03d}" / f"part{part:02d}"
             d.mkdir(parents=True)
             onnx.save(piece_model(view, piece, part), str(d / "piece.onnx"))
-            _onnx2tf(d / "piece.onnx", d, timeout, where)
+            _onnx2tf(d / "piece.onnx", d, timeout, where, log)
             run_tf_child([*CHILD, "calibrate", str(d / "saved_model"), str(inputs), str(d),
-                          *([] if last else ["--outputs"])], where, "int8 calibration", timeout, d)
+                          *([] if last else ["--outputs"])], where, "int8 calibration", timeout, d, log)
             shutil.rmtree(d / "saved_model")
             (d / "piece.onnx").unlink()
             dirs.append(d)
@@ -66,7 +66,7 @@ def convert(view: GraphView, pieces: list[Piece], source: Path, calibration: np.
     (workdir / "pieces.json").write_text(json.dumps(plan, indent=1))
     out = workdir / "model_int8.tflite"
     run_tf_child([*CHILD, "quantize", str(workdir / "pieces.json"), str(out)], source, "int8 quantization", timeout,
-                 workdir)
+                 workdir, log)
     requantized = json.loads((workdir / "stitch.json").read_text())["requantized"]
     if requantized:
         log.warning("%s: requantized between pieces at %s (the next piece quantized the tensor with another scale)",
