@@ -206,6 +206,8 @@ def cmd_analyze(args, params) -> int:
         console.print(analysis.note)
     if args.branches:
         _print_branches(model, args.model)
+    if args.paths:
+        _print_paths(model, args.model, args.paths)
     if args.json:
         write_json_atomic(args.json, analysis)
         console.print(f"wrote {args.json}")
@@ -229,6 +231,24 @@ def _print_branches(model, label: str) -> None:
     console.print(t)
     console.print(f"{len(dag.names)} nodes, {len(s.branches)} branches, {len(s.layers)} layers, "
                   f"{s.parallel_layers} of them parallel (largest: {s.max_branches} branches)")
+
+
+def _print_paths(model, label: str, dim: str) -> None:
+    from edgeplan.graph.model import GraphView
+    from edgeplan.plan.spatial.paths import analyse
+
+    p = analyse(GraphView(model), dim)
+    t = Table(title=f"ADaPS sub-blocks of {label} along {dim} (path analysis, §4.2)")
+    for col in ("sub-block", "layers", "rows out", "reads", "first .. last layer"):
+        t.add_column(col)
+    for k, b in enumerate(p.blocks):
+        first, last = p.layers[b.layers[0]], p.layers[b.layers[-1]]
+        t.add_row(str(k), str(len(b.layers)), " ".join(str(p.layers[i].layer.out_size) for i in b.layers),
+                  _short(", ".join(b.entry(p)), 40), _short(f"{first.layer.name} .. {last.layer.name}", 60))
+    console.print(t)
+    merges = sum(1 for x in p.layers if len(x.inputs) > 1)
+    console.print(f"{len(p.layers)} layers in {len(p.blocks)} sub-blocks ({merges} merge{'s' if merges != 1 else ''}); "
+                  f"the region ends: {p.reason}; gathered: {', '.join(p.outputs)}", highlight=False)
 
 
 def cmd_build(args, params) -> int:
@@ -720,6 +740,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--branches", action="store_true",
                     help="also the Parallax branch-layer structure of the ONNX graph: branches (maximal chains and "
                          "one-node split/merge units) grouped into layers that can run at once")
+    sp.add_argument("--paths", choices=("H", "W"), nargs="?", const="H", metavar="DIM",
+                    help="also ADaPS's path analysis along DIM (H, the default, or W): the layers it partitions, "
+                         "their single-entry, single-exit sub-blocks and what ends the region")
     sp.set_defaults(func=cmd_analyze)
     sp = sub.add_parser("build", help="int8 conversion, matching, segments and Edge TPU compile of an ingested model")
     sp.add_argument("artifact_dir")

@@ -73,6 +73,16 @@ def test_analyze_branches_prints_the_parallax_layers(tmp_path, capsys):
     assert "0 of them parallel (largest: 1 branches)" in capsys.readouterr().out
 
 
+def test_analyze_paths_prints_the_adaps_sub_blocks(tmp_path, capsys):
+    assert main(["analyze", "zoo:tiny_cnn", "--out", str(tmp_path), "--paths"]) == 0
+    out = capsys.readouterr().out
+    assert "ADaPS sub-blocks of zoo:tiny_cnn along H" in out and "relu2.out, conv4.out" in out
+    assert ("7 layers in 3 sub-blocks (1 merge); the region ends: GlobalAveragePool 'gap' is Type 3; gathered: "
+            "relu5.out") in out
+    assert main(["analyze", "zoo:tiny_cnn", "--out", str(tmp_path), "--paths", "W"]) == 0
+    assert "along W" in capsys.readouterr().out
+
+
 def test_an_unexpected_exception_is_one_line_and_its_traceback_a_log_file(tmp_path, capsys, monkeypatch):
     """A fault inside edgeplan or a library is not the input's: one line, exit 70, the traceback in
     ARTIFACT_DIR/logs/ (or .edgeplan/logs/ where no artifact directory is named)."""

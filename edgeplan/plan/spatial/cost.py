@@ -31,6 +31,11 @@ from edgeplan.plan.spatial.intervals import Interval, Window, missing
 Partition = tuple[Interval, ...]
 
 
+class Joined(tuple):
+    """The holders of a merge layer's inputs (path analysis: a residual ``Add``), one partition per input of one
+    row size: the rows a device lacks are counted in each."""
+
+
 @dataclass(frozen=True)
 class Device:
     name: str
@@ -189,6 +194,8 @@ class LayerCost:
         """Eqs. (6)–(7): input rows device ``d`` needs for ``[s, e)`` and does not hold."""
         if holder is None:
             return 0
+        if isinstance(holder, Joined):
+            return sum(self.rows_in(d, s, e, h) for h in holder)
         return sum(missing(self.layer.window.needs((s, e)), holder[d]))
 
     def data(self, d: int, s: int, e: int, holder: Partition | None) -> float:
@@ -225,14 +232,15 @@ def source(cost: LayerCost) -> Partition:
     return ((0, cost.layer.window.in_size),) + ((0, 0),) * (len(cost.devices) - 1)
 
 
-def holder_of(costs: list[LayerCost], plan: list[Partition], i: int) -> Partition:
-    """The holder of layer ``i``'s input: the previous layer's partition, or the head for the first layer."""
-    return plan[i - 1] if i else source(costs[0])
+def holder_of(costs: list[LayerCost], plan: list[Partition], i: int, entry: Partition | None = None) -> Partition:
+    """The holder of layer ``i``'s input: the previous layer's partition; for the first layer ``entry`` (who holds
+    a sub-block's input: ``paths``), by default the head."""
+    return plan[i - 1] if i else entry if entry is not None else source(costs[0])
 
 
-def network_score(costs: list[LayerCost], plan: list[Partition]) -> float:
+def network_score(costs: list[LayerCost], plan: list[Partition], entry: Partition | None = None) -> float:
     """Eq. (12) unrolled: every layer's score, each reading its input's holder (the scatter included)."""
-    return sum(c.score(p, holder_of(costs, plan, i)) for i, (c, p) in enumerate(zip(costs, plan)))
+    return sum(c.score(p, holder_of(costs, plan, i, entry)) for i, (c, p) in enumerate(zip(costs, plan)))
 
 
 def network_bytes(costs: list[LayerCost], plan: list[Partition]) -> int:

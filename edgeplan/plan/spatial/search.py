@@ -181,9 +181,9 @@ class Plan:
     sweeps: int = 0
 
 
-def _local(costs: list[LayerCost], plan: list[Partition], i: int, p: Partition) -> float:
+def _local(costs: list[LayerCost], plan: list[Partition], i: int, p: Partition, entry: Partition | None) -> float:
     """What layer ``i`` taking ``p`` adds to eq. (12): its own score and the data the next layer then needs."""
-    own = costs[i].score(p, holder_of(costs, plan, i))
+    own = costs[i].score(p, holder_of(costs, plan, i, entry))
     return own + (costs[i + 1].t_data(plan[i + 1], p) if i + 1 < len(plan) else 0.0)
 
 
@@ -197,8 +197,10 @@ def spaces_of(layers: list[Layer], devices: tuple[Device, ...], threshold: float
 
 
 def search_network(layers: list[Layer], devices: tuple[Device, ...], threshold: float, *, overlap: bool = True,
-                   revise: bool = True, beam: int = 64, whole_below: int = 512, max_sweeps: int = 20) -> Plan:
-    """Eq. (12) over a chain of layers: a forward beam, then revision sweeps (see the module docstring). A layer
+                   revise: bool = True, beam: int = 64, whole_below: int = 512, max_sweeps: int = 20,
+                   entry: Partition | None = None) -> Plan:
+    """Eq. (12) over a chain of layers whose first input ``entry`` holds (default: the head, all of it; a
+    sub-block's: ``paths.search_paths``): a forward beam, then revision sweeps (see the module docstring). A layer
     whose space holds at most ``whole_below`` partitions is searched whole: every partition of it after every
     kept plan, every distinct end kept (with two devices, what the first layers of a 224-row network hold at a
     15 % threshold: VGG16's 263 against a beam of 64, which left its plan 3.5 % above the chain's optimum)."""
@@ -208,7 +210,8 @@ def search_network(layers: list[Layer], devices: tuple[Device, ...], threshold: 
     counters = Counters()
     # Forward (eq. (12) from the first layer): ``beam`` partial plans (a small layer's whole space), each extended
     # by the ``beam`` best partitions of the next layer given its last one; the best distinct ends are kept.
-    states: dict[Partition, tuple[float, tuple[Partition, ...]]] = {source(costs[0]): (0.0, ())}
+    start = entry if entry is not None else source(costs[0])
+    states: dict[Partition, tuple[float, tuple[Partition, ...]]] = {start: (0.0, ())}
     for cost, space in zip(costs, spaces):
         width = max(beam, space.count()) if space.count() <= whole_below else beam
         nxt: dict[Partition, tuple[float, tuple[Partition, ...]]] = {}
@@ -223,16 +226,16 @@ def search_network(layers: list[Layer], devices: tuple[Device, ...], threshold: 
         sweeps += 1
         changed = False
         for i in [*range(len(plan) - 2, -1, -1), *range(1, len(plan))]:
-            holder = holder_of(costs, plan, i)
+            holder = holder_of(costs, plan, i, entry)
             following = plan[i + 1] if i + 1 < len(plan) else None
             nxt = costs[i + 1] if following is not None else None
-            now = _local(costs, plan, i, plan[i])
+            now = _local(costs, plan, i, plan[i], entry)
             # The tree's next-layer term is the data alone; the next layer's own compute is the same either way.
             found = LayerTree(costs[i], spaces[i], holder, nxt=nxt, following=following,
                               counters=counters).search(beta=now - 1e-12)
-            if found is not None and _local(costs, plan, i, found[1]) < now - 1e-12:
+            if found is not None and _local(costs, plan, i, found[1], entry) < now - 1e-12:
                 plan[i] = found[1]
                 changed = True
         if not changed:
             break
-    return Plan(tuple(plan), network_score(costs, plan), counters, time.process_time() - t0, sweeps)
+    return Plan(tuple(plan), network_score(costs, plan, entry), counters, time.process_time() - t0, sweeps)
