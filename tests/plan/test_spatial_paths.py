@@ -3,7 +3,6 @@ checked against a brute-force decomposition of random residual graphs and on rea
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
