@@ -39,7 +39,9 @@ What runs (no flags needed):
 
 The first layer's input is scored as sent by the head (the scatter; ``cost.source``). Regions: VGG16 and AlexNet
 partition up to their flatten; MobileNetV2 stops at its first residual branch and InceptionV3 at its first
-branch until path analysis (§4.2) lands — each network's region is in the results.
+branch — each network's region is in the results — until the tiles run the multi-path region path analysis
+(§4.2, ``plan/spatial/paths``) finds: ``regions.<net>.paths`` records it (layers, sub-blocks, merges, the tensors
+gathered) and its search at 10 Mbit/s with 2 and 4 devices (seconds and score), planned but not run.
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._common import compiled, int8_frames, machine, publish, pyplot
 from edgeplan.graph.ingest import canonicalise, load_any
 from edgeplan.graph.model import GraphView
-from edgeplan.plan.spatial import baselines, oracle, search, speed
+from edgeplan.plan.spatial import baselines, oracle, paths, search, speed
 from edgeplan.plan.spatial.blocks import region
 from edgeplan.plan.spatial.cost import (
     Device,
@@ -146,12 +148,26 @@ def table6(speeds: dict) -> list[dict]:
     return cells
 
 
+def path_figures(view: GraphView, speeds: dict, thr: float) -> dict:
+    """The multi-path region path analysis finds (§4.2: not yet what the tiles run) and its search at 10 Mbit/s."""
+    p = paths.analyse(view, "H")
+    out = {"layers": len(p.layers), "sub_blocks": len(p.blocks), "merges": sum(len(x.inputs) > 1 for x in p.layers),
+           "gathered": list(p.outputs), "ends": p.reason, "search_s": {}, "score_s": {}}
+    for n in (2, 4):
+        plan = paths.search_paths(p, devices_for(n, speeds, LINKS["10M"]), thr)
+        out["search_s"][f"{n}dev"], out["score_s"][f"{n}dev"] = plan.seconds, plan.score
+    log(f"path analysis: {out['layers']} layers in {out['sub_blocks']} sub-blocks; searched in "
+        f"{', '.join(f'{v:.1f}' for v in out['search_s'].values())} s")
+    return out
+
+
 def networks(speeds: dict) -> tuple[dict, dict, dict, dict]:
     gaps, times, reduction, regions = {}, {}, {}, {}
     for net, (zoo, thr) in NETWORKS.items():
         r = region(GraphView(canonical(zoo)), "H")
         layers = list(r.layers)
-        regions[net] = {"layers": len(layers), "ends": r.reason}
+        regions[net] = {"layers": len(layers), "ends": r.reason,
+                        "paths": path_figures(GraphView(canonical(zoo)), speeds, thr)}
         for n in (2, 4):
             for link, bw in LINKS.items():
                 devices = devices_for(n, speeds, bw)
