@@ -404,10 +404,10 @@ def tables(graph: TfliteGraph, t: Tiling, devices: list[dict], blobs: dict[str, 
 def bytes_moved(table: dict) -> dict:
     """Application bytes by kind: the input scattered, rows exchanged inside the region, the region gathered."""
     first = table["input"]["name"]
-    end = next((s["inputs"][0] for s in table["stages"] if not s["layers"]), None)
+    ends = next((set(s["inputs"]) for s in table["stages"] if not s["layers"]), set())  # the rest's inputs
     out = {"scatter": 0, "exchange": 0, "gather": 0}
     for b in table["buffers"].values():
-        kind = "scatter" if b["tensor"] == first else "gather" if b["tensor"] == end and b["receivers"] == [HEAD] \
+        kind = "scatter" if b["tensor"] == first else "gather" if b["tensor"] in ends and b["receivers"] == [HEAD] \
             else "exchange"
         out[kind] += b["nbytes"]
     return out
@@ -486,27 +486,34 @@ def verify(table: dict, blob: dict[str, bytes], model: bytes, *, samples: int = 
 
 
 def split(root: Path, plan: list[tuple[Interval, ...]], devices: list[Device], out: Path, *, axis: int = 1,
-          samples: int = 2, seed: int = 0, extra: dict | None = None, region=None) -> dict:
+          samples: int = 2, seed: int = 0, extra: dict | None = None, region=None, paths=None) -> dict:
     """Write the tiles of ``plan`` for the artifact ``root`` (``model_int8.tflite``) to ``out``: one MPI rank per
-    platform device in ``devices`` (the order of the plan's partitions; the first is the head). Verified first in
-    process — the tiles as the ranks run them identical to the whole int8 model with both kernel sets, and, given
-    the float ``region`` the plan was made on (``plan/spatial/blocks``), the float tiles equal to the whole float
-    model up to rounding (``surgery/spatial_float.TOLERANCE``) — and nothing is written when they are not.
-    Returns spatial.json's content (``extra`` merged in)."""
+    platform device in ``devices`` (the order of the plan's partitions; the first is the head). ``plan`` is per
+    layer of the chain region, or, given ``paths`` (``plan/spatial/paths``), per layer of that multi-path region
+    (``surgery/spatial_paths``). Verified first in process — the tiles as the ranks run them identical to the whole
+    int8 model with both kernel sets, and, given the float ``region`` the plan was made on (``plan/spatial/blocks``),
+    the float tiles equal to the whole float model up to rounding (``surgery/spatial_float.TOLERANCE``; not yet
+    made for a multi-path plan) — and nothing is written when they are not. Returns spatial.json's content
+    (``extra`` merged in)."""
     t0 = time.perf_counter()
     int8 = (Path(root) / "model_int8.tflite").read_bytes()
     graph = TfliteGraph(int8)
     if len(devices) != len(plan[0]):
         raise PlanError(f"the plan splits each layer {len(plan[0])} ways, {len(devices)} devices given")
-    t = tiling(graph, plan, axis)
-    blob = segments(graph, t)
+    if paths is not None:
+        from edgeplan.surgery import spatial_paths as tiler
+        t = tiler.tiling(graph, paths, plan, axis)
+    else:
+        tiler, t = None, tiling(graph, plan, axis)
+    blob = (tiler.segments if tiler else segments)(graph, t)
     ranks = [{"key": f"{d.name}_{d.arch}", "device": d.name, "host": d.host, "slots": list(d.slots)} for d in devices]
-    table = tables(graph, t, ranks, {k: hashlib.sha256(v).hexdigest() for k, v in blob.items()})
+    table = (tiler.tables if tiler else tables)(graph, t, ranks, {k: hashlib.sha256(v).hexdigest()
+                                                                  for k, v in blob.items()})
     t_tiles = time.perf_counter() - t0
     check = verify(table, blob, int8, samples=samples, seed=seed)
     if min(check.values()) < 1.0:
         raise PlanError(f"the tiles do not give the int8 model's outputs ({check}); nothing written to {out}")
-    if region is not None:
+    if region is not None and paths is None:
         from edgeplan.surgery import spatial_float
 
         floats = spatial_float.verify(Path(root) / "model.onnx", region, t, graph, samples=samples, seed=seed)

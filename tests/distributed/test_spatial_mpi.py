@@ -68,3 +68,31 @@ def test_malformed_tile_tables_are_refused(tiles, edit, says, ranks_left, edited
     with pytest.raises(launch.DistributedError, match=rf"rank \d on \S+: tables.json.*{says}"):
         launch.run(bad, frames=2, timeout_s=60)
     assert not ranks_left()
+
+
+def test_a_multi_path_plan_runs_as_ranks(compiled, tmp_path, ranks_left):
+    """tiny_cnn's residual region (path analysis: three sub-blocks, one merge) over 3 ranks along H: the merge's
+    second input comes from whichever rank computed its rows; the outputs are the whole int8 model's."""
+    import onnx
+
+    from edgeplan.graph.model import GraphView
+    from edgeplan.plan.spatial.cost import Device
+    from edgeplan.plan.spatial.paths import analyse, search_paths
+
+    d, _, _ = compiled("tiny_cnn")
+    paths = analyse(GraphView(onnx.load(str(d / "model.onnx"))), "H")
+    devices = tuple(Device(f"d{i}", (4 + 4 * i) * 1e-12, 1.25e6, 1e-4) for i in range(3))
+    plan = list(search_paths(paths, devices, 0.15).partitions)
+    out = tmp_path / "tiles"
+    info = spatial.split(d, plan, list(spec.parse_text(PLATFORM, "platform").devices), out, paths=paths)
+    assert info["verify"] == {"int8_identical_builtin": 1.0, "int8_identical_xnnpack": 1.0}
+    t = json.loads((out / "tables.json").read_text())
+    assert any(len(s["inputs"]) == 2 for s in t["stages"])  # the merge
+    xs = np.random.default_rng(4).integers(-128, 127, (6, *t["input"]["shape"]), endpoint=True).astype(np.int8)
+    np.save(tmp_path / "x.npy", xs)
+    launch.run(out, frames=6, timeout_s=120, extra=["--inputs", str(tmp_path / "x.npy"), "--out",
+                                                    str(tmp_path / "y.npy")])
+    whole = litert.interpreter((d / "model_int8.tflite").read_bytes(), deterministic=False)
+    want = np.stack([invoke_named(whole, {t["input"]["name"]: x})[t["output"]["name"]] for x in xs])
+    assert np.array_equal(np.load(tmp_path / "y.npy"), want)
+    assert not ranks_left()
