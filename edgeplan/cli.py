@@ -656,14 +656,16 @@ def cmd_plan_spatial(args, params) -> int:
                   f"{s}..{e}" if e >= s else "none")
     console.print(t)
     for dim, r in record["searched"].items():
-        console.print(f"{dim}: {r['layers']} layers to {r['region_end']} ({r['why_it_ends']}), score "
+        console.print(f"{dim}: {r['layers']} layers in {r.get('sub_blocks', 1)} sub-block(s) to {r['region_end']} "
+                      f"({r['why_it_ends']}), score "
                       f"{r['score_s'] * 1e3:.2f} ms, {r['scored']} nodes scored, {r['pruned']} pruned, "
                       f"{r['search_s']:.2f} s")
     b, tl = record["tiles"]["bytes_per_frame"], record["tiles"]
     console.print(f"tiles: {tl['stages']} stages; bytes per frame " + ", ".join(f"{k} {v:,}" for k, v in b.items())
                   + "; identical to the int8 model: " + ", ".join(f"{k.rsplit('_', 1)[-1]} kernels {v:.0%}"
                                                                   for k, v in tl["identical"].items())
-                  + f"; float tiles vs the float model: max |diff| {tl['float_max_abs_diff']:.3g}")
+                  + ("; float tiles: not made for a multi-path plan" if tl["float_max_abs_diff"] is None
+                     else f"; float tiles vs the float model: max |diff| {tl['float_max_abs_diff']:.3g}"))
     console.print(f"wrote {path} and {path.parent.parent / 'spatial'}")
     return 0
 

@@ -84,7 +84,8 @@ def _flashmem(root: Path, name: str, params: dict) -> None:
                        "tiers " + ",".join(sorted({w.tier for w in m.plan.windows})) for m in plan.models))
 
 
-SPATIAL_CODE = ("plan/spatial", "surgery/spatial.py", "surgery/spatial_float.py", "distributed/rows.py", "quantize",
+SPATIAL_CODE = ("plan/spatial", "surgery/spatial.py", "surgery/spatial_float.py", "surgery/spatial_paths.py",
+                "distributed/rows.py", "quantize",
                 "plan/multidevice/spec.py", "profile/schema.py", "profile/fleet.py", "graph")
 
 

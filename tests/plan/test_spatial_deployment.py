@@ -126,3 +126,32 @@ def test_profile_run_without_a_class_profiles_a_split_deployment_as_edgeplan_run
                  "--budget-s", "0.5"]) == 0
     for cls in ("fast", "slow"):
         assert Profile.load(d / "profiles" / f"{cls}.json").conv_speed.s_per_mac > 0
+
+
+def test_a_residual_model_is_planned_over_its_sub_blocks(compiled, tmp_path, capsys):
+    """tiny_cnn: path analysis reaches past the residual fork (7 layers in 3 sub-blocks instead of the chain's 2),
+    so the plan and its tiles cover the multi-path region; the tiles written give the whole int8 model's bits."""
+    root = tmp_path / "art"
+    src, _, _ = compiled("tiny_cnn")
+    shutil.copytree(src, root / "chain" / "1")
+    p = _params()
+    p["fleet"]["devices"][1]["device_class"] = "fast"  # two fast devices: no cgroup needed here
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(p))
+    d = root / "chain" / "1"
+    assert main(["--params", str(params_file), "profile", "run", str(d), "--device-class", "fast", "--conv-speed",
+                 "--repeats", "5", "--span-s", "0.2", "--budget-s", "0.5"]) == 0
+    capsys.readouterr()
+    assert main(["--params", str(params_file), "plan", "spatial", "--deployment", DEP, "--out", str(root)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "H: 7 layers in 3 sub-block(s) to relu5.out (GlobalAveragePool 'gap' is Type 3)" in shown
+    assert "builtin kernels 100%, xnnpack kernels 100%" in shown and "float tiles: not made" in shown
+    record = json.loads((root / "deployments" / DEP / "plans" / "spatial.json").read_text())
+    assert len(record["partitions"]) == 7 and record["tiles"]["float_max_abs_diff"] is None
+    out = root / "deployments" / DEP / "spatial"
+    table = json.loads((out / "tables.json").read_text())
+    blob = {s["int8"]: (out / s["int8"]).read_bytes() for s in table["stages"]}
+    whole = litert.interpreter((d / "model_int8.tflite").read_bytes(), deterministic=True)
+    x = np.random.default_rng(5).integers(-128, 127, table["input"]["shape"], endpoint=True).astype(np.int8)
+    got = spatial.run_tables(table, blob, x, lambda data: litert.interpreter(data, deterministic=True))
+    assert np.array_equal(got, litert.run(whole, x))

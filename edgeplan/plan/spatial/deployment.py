@@ -4,9 +4,11 @@ The deployment's devices are the fleet registry's devices assigned to it, in reg
 (it scatters the input, gathers the region's end and runs the rest of the model). Each device's speed_d is its
 class's conv-speed fit in the model's ``profiles/<class>.json`` (``edgeplan profile run --conv-speed``, measured
 under the class's ``cpu_quota`` when it has one), BW_d the class's ``net_bytes_per_s``. The search (eq. (12),
-``search.search_network``) runs along each of the dimensions asked at the threshold asked; the dimension whose
-plan scores best is cut into int8 tiles (``surgery/spatial.split``: verified identical to the int8 model with
-both kernel sets, and its float tiles equal to the float model, before anything is written) under
+``search.search_network``) runs along each of the dimensions asked at the threshold asked, over the chain region
+(``blocks.region``) or, where path analysis finds a larger multi-path one (``paths``: a residual network), over its
+sub-blocks (``paths.search_paths``); the dimension whose plan scores best is cut into int8 tiles
+(``surgery/spatial.split``: verified identical to the int8 model with both kernel sets, and for a chain its float
+tiles equal to the float model — not yet made for a multi-path plan — before anything is written) under
 ``deployments/<name>/spatial/``, and ``plans/spatial.json`` records the devices and their speeds, each
 dimension's score and search counters, the plan and its tiles.
 """
@@ -58,7 +60,7 @@ def plan_spatial(root: Path, name: str, params: dict, threshold: float | None = 
                  dims: tuple[str, ...] | None = None) -> tuple[dict, Path]:
     from edgeplan.graph.model import GraphView
     from edgeplan.pipeline.planning import keep_split, split_model
-    from edgeplan.plan.spatial import blocks, search
+    from edgeplan.plan.spatial import blocks, paths, search
     from edgeplan.plan.spatial.blocks import AXES
     from edgeplan.surgery import spatial as tiles
 
@@ -73,18 +75,26 @@ def plan_spatial(root: Path, name: str, params: dict, threshold: float | None = 
     model, version, d = split_model(root, params, name, "a spatial split")
     platform, devices = devices_of(params, name, d)
     view = GraphView(onnx.load(str(d / "model.onnx"), load_external_data=False))
-    searched, plans, regions = {}, {}, {}
+    searched, plans, regions, multi = {}, {}, {}, {}
     for dim in dims:
         region = regions[dim] = blocks.region(view, dim)
-        plan = search.search_network(list(region.layers), devices, threshold)
+        found = paths.analyse(view, dim)
+        if len(found.layers) > len(region.layers):  # path analysis reaches past the first branch
+            multi[dim] = found
+            plan = paths.search_paths(found, devices, threshold)
+            ends, why, layers = ", ".join(found.outputs), found.reason, len(found.layers)
+        else:
+            plan = search.search_network(list(region.layers), devices, threshold)
+            ends, why, layers = region.output, region.reason, len(region.layers)
         plans[dim] = plan
-        searched[dim] = {"score_s": plan.score, "search_s": plan.seconds, "layers": len(region.layers),
-                         "region_end": region.output, "why_it_ends": region.reason, **asdict(plan.counters)}
+        searched[dim] = {"score_s": plan.score, "search_s": plan.seconds, "layers": layers,
+                         "sub_blocks": len(multi[dim].blocks) if dim in multi else 1,
+                         "region_end": ends, "why_it_ends": why, **asdict(plan.counters)}
     best = min(dims, key=lambda k: plans[k].score)
     out_dir = Path(root) / "deployments" / name
     summary = tiles.split(d, list(plans[best].partitions), list(platform.devices), out_dir / SPLIT_DIR,
                           axis=AXES[best] - 1, samples=int(settings["verify_samples"]),
-                          seed=int(params["verify"]["seed"]), region=regions[best])
+                          seed=int(params["verify"]["seed"]), region=regions[best], paths=multi.get(best))
     record = {
         "schema_version": SCHEMA, "deployment": name, "model": model, "version": version,
         "model_int8_sha256": summary["model"]["int8_sha256"],
@@ -97,7 +107,7 @@ def plan_spatial(root: Path, name: str, params: dict, threshold: float | None = 
             (out_dir / SPLIT_DIR / "tables.json").read_bytes()).hexdigest(), "stages": summary["stages"],
                   "bytes_per_frame": summary["bytes"],
                   "identical": {k: v for k, v in summary["verify"].items() if k.startswith("int8_")},
-                  "float_max_abs_diff": summary["verify"]["float_max_abs_diff"]},
+                  "float_max_abs_diff": summary["verify"].get("float_max_abs_diff")},  # None: not made
     }
     out = out_dir / PLAN_FILE
     write_json_atomic(out, record)
