@@ -39,9 +39,11 @@ What runs (no flags needed):
 
 The first layer's input is scored as sent by the head (the scatter; ``cost.source``). Regions: VGG16 and AlexNet
 partition up to their flatten; MobileNetV2 stops at its first residual branch and InceptionV3 at its first
-branch — each network's region is in the results — until the tiles run the multi-path region path analysis
-(§4.2, ``plan/spatial/paths``) finds: ``regions.<net>.paths`` records it (layers, sub-blocks, merges, the tensors
-gathered) and its search at 10 Mbit/s with 2 and 4 devices (seconds and score), planned but not run.
+branch (their chain regions; ``regions``). Path analysis (§4.2, ``plan/spatial/paths``) takes both further
+(``regions.<net>.paths``: layers, sub-blocks, merges, the tensors gathered), and ``path_tiles`` plans those
+multi-path regions at 2 and 4 devices (10 Mbit/s), cuts them into int8 tiles and verifies them in process with
+both kernel sets (counted in ``int8_identical``); they are not run as MPI ranks here, nor compared with the
+baselines (which partition chains).
 """
 from __future__ import annotations
 
@@ -148,17 +150,37 @@ def table6(speeds: dict) -> list[dict]:
     return cells
 
 
-def path_figures(view: GraphView, speeds: dict, thr: float) -> dict:
-    """The multi-path region path analysis finds (§4.2: not yet what the tiles run) and its search at 10 Mbit/s."""
+def path_figures(view: GraphView) -> dict:
+    """The multi-path region path analysis finds (§4.2): layers, sub-blocks, merges, the tensors gathered."""
     p = paths.analyse(view, "H")
-    out = {"layers": len(p.layers), "sub_blocks": len(p.blocks), "merges": sum(len(x.inputs) > 1 for x in p.layers),
-           "gathered": list(p.outputs), "ends": p.reason, "search_s": {}, "score_s": {}}
-    for n in (2, 4):
-        plan = paths.search_paths(p, devices_for(n, speeds, LINKS["10M"]), thr)
-        out["search_s"][f"{n}dev"], out["score_s"][f"{n}dev"] = plan.seconds, plan.score
-    log(f"path analysis: {out['layers']} layers in {out['sub_blocks']} sub-blocks; searched in "
-        f"{', '.join(f'{v:.1f}' for v in out['search_s'].values())} s")
-    return out
+    return {"layers": len(p.layers), "sub_blocks": len(p.blocks), "merges": sum(len(x.inputs) > 1 for x in p.layers),
+            "gathered": list(p.outputs), "ends": p.reason}
+
+
+def path_tiles(speeds: dict) -> dict:
+    """MobileNetV2's and InceptionV3's multi-path regions (path analysis) planned sub-block by sub-block at 2 and 4
+    devices (10 Mbit/s), cut into int8 tiles and verified in process against the whole int8 model with both kernel
+    sets (``spatial.split``); planned score, search time and the bytes per frame the tables move."""
+    from edgeplan.plan.multidevice import spec
+    from edgeplan.surgery import spatial
+
+    cells = {}
+    for net in ("MobileNetV2", "InceptionV3"):
+        zoo, thr = NETWORKS[net]
+        art = compiled(WORK, zoo, log)
+        p = paths.analyse(GraphView(onnx.load(str(art / "model.onnx"), load_external_data=False)), "H")
+        for n in (2, 4):
+            key = f"{net}/{n}dev/10M"
+            plan = paths.search_paths(p, devices_for(n, speeds, LINKS["10M"]), thr)
+            platform = spec.parse_text("".join(f"dev{i}, cpu, slots=0, host=localhost\n" for i in range(n)), "platform")
+            info = spatial.split(art, list(plan.partitions), list(platform.devices),
+                                 WORK / "splits" / key.replace("/", "-") / "paths", paths=p)
+            cells[key] = {"layers": len(p.layers), "sub_blocks": len(p.blocks), "score_s": plan.score,
+                          "search_s": plan.seconds, "stages": info["stages"], "bytes_per_frame": info["bytes"],
+                          **info["verify"]}
+            log(f"{key} multi-path: {len(p.layers)} layers in {len(p.blocks)} sub-blocks, searched in "
+                f"{plan.seconds:.1f} s, {info['stages']} stages, identical {info['verify']}")
+    return cells
 
 
 def networks(speeds: dict) -> tuple[dict, dict, dict, dict]:
@@ -167,7 +189,7 @@ def networks(speeds: dict) -> tuple[dict, dict, dict, dict]:
         r = region(GraphView(canonical(zoo)), "H")
         layers = list(r.layers)
         regions[net] = {"layers": len(layers), "ends": r.reason,
-                        "paths": path_figures(GraphView(canonical(zoo)), speeds, thr)}
+                        "paths": path_figures(GraphView(canonical(zoo)))}
         for n in (2, 4):
             for link, bw in LINKS.items():
                 devices = devices_for(n, speeds, bw)
@@ -331,6 +353,7 @@ def main() -> int:
     cells = table6(speeds)
     gaps, times, reduction, regions = networks(speeds)
     head = reduction["VGG16/2dev/10M"]
+    multi = path_tiles(speeds)
     runs = execution(speeds)
     plans = [c[k] for c in runs.values() for k in ("adaps", "edgeflow", "bbgrap")]
     result = {
@@ -343,8 +366,10 @@ def main() -> int:
         "gaps": gaps,
         "search_s": {"value": max(times.values()), "per": times},
         "data_reduction_planned": {"value": head["adaps"], "cells": reduction},
-        "int8_identical": min(min(p["int8_identical_builtin"], p["int8_identical_xnnpack"], p["int8_identical_mpi"])
-                              for p in plans),
+        "int8_identical": min([min(p["int8_identical_builtin"], p["int8_identical_xnnpack"], p["int8_identical_mpi"])
+                               for p in plans] + [min(c["int8_identical_builtin"], c["int8_identical_xnnpack"])
+                                                  for c in multi.values()]),
+        "path_tiles": multi,
         "max_abs_diff": {"value": max(p["float_max_abs_diff"] for p in plans), "plans": len(plans),
                          "plans_not_exact": sum(p["float_max_abs_diff"] > 0 for p in plans),
                          "relative_max": max(p["float_max_abs_diff"] / p["float_max_abs_value"] for p in plans),
