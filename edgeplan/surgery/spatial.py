@@ -346,6 +346,38 @@ def segments(graph: TfliteGraph, t: Tiling) -> dict[str, bytes]:
     return out
 
 
+def rows_detail(graph: TfliteGraph, axis: int, ix: int, rows: int | None = None) -> dict:
+    """The tensor as the multi-device tables describe it, or ``rows`` of it along the axis."""
+    out = tensor_detail(graph, ix)
+    if rows is not None:
+        out["nbytes"] = out["nbytes"] // out["shape"][axis] * rows
+        out["shape"][axis] = rows
+    return out
+
+
+def assemble(graph: TfliteGraph, axis: int, stages: list[dict], messages: list[tuple[int, Interval, int, int]],
+             devices: list[dict], blobs: dict[str, str]) -> dict:
+    """The tables from the ``stages`` and the ``messages`` (int8 tensor, rows, sender, receiver): one buffer per
+    message, each stage's segment hash, the ranks' stages."""
+    name = {ix: graph.tensors[ix].name for ix in range(len(graph.tensors))}
+    for s in stages:
+        s["int8_sha256"] = blobs[s["int8"]]
+    buffers = {}
+    for ix, rows, sender, receiver in messages:
+        key = f"{name[ix]}@{rows[0]}:{rows[1]}>{receiver}"
+        buffers[key] = {"tag": len(buffers), "tensor": name[ix], "rows": list(rows),
+                        **rows_detail(graph, axis, ix, rows[1] - rows[0]), "sender": sender, "receivers": [receiver]}
+    ranks = [{"rank": r, **dev, "stages": [s["index"] for s in stages if s["rank"] == r]}
+             for r, dev in enumerate(devices)]
+    model_in, model_out = graph.inputs[0], graph.outputs[0]
+    return {
+        "head": HEAD, "axis": axis,
+        "input": {"name": name[model_in], **rows_detail(graph, axis, model_in)},
+        "output": {"name": name[model_out], **rows_detail(graph, axis, model_out), "rank": HEAD},
+        "ranks": ranks, "stages": stages, "buffers": buffers,
+    }
+
+
 def tables(graph: TfliteGraph, t: Tiling, devices: list[dict], blobs: dict[str, str]) -> dict:
     """The rank program's tables (``distributed/rank``): ``devices`` per rank ``{key, device, host, slots}``,
     ``blobs`` the sha256 of each segment file."""
@@ -353,12 +385,7 @@ def tables(graph: TfliteGraph, t: Tiling, devices: list[dict], blobs: dict[str, 
     model_in, model_out = graph.inputs[0], graph.outputs[0]
 
     def detail(ix: int, rows: int | None = None) -> dict:
-        """The tensor as the multi-device tables describe it, or ``rows`` of it along the axis."""
-        out = tensor_detail(graph, ix)
-        if rows is not None:
-            out["nbytes"] = out["nbytes"] // out["shape"][t.axis] * rows
-            out["shape"][t.axis] = rows
-        return out
+        return rows_detail(graph, t.axis, ix, rows)
 
     def tensor_of(layer: int) -> int:
         return model_in if layer < 0 else t.layers[layer].tensor
@@ -383,22 +410,8 @@ def tables(graph: TfliteGraph, t: Tiling, devices: list[dict], blobs: dict[str, 
                        "outputs": [name[model_out]], "layers": [],
                        "tile": {"inputs": {name[end]: {"rows": [0, graph.tensors[end].shape[t.axis]],
                                                        "shape": detail(end)["shape"]}}, "outputs": {}}})
-    for s in stages:
-        s["int8_sha256"] = blobs[s["int8"]]
-    buffers = {}
-    for m in t.messages:
-        ix = tensor_of(m.layer)
-        key = f"{name[ix]}@{m.rows[0]}:{m.rows[1]}>{m.receiver}"
-        buffers[key] = {"tag": len(buffers), "tensor": name[ix], "rows": list(m.rows),
-                        **detail(ix, m.rows[1] - m.rows[0]), "sender": m.sender, "receivers": [m.receiver]}
-    ranks = [{"rank": r, **dev, "stages": [s["index"] for s in stages if s["rank"] == r]}
-             for r, dev in enumerate(devices)]
-    return {
-        "head": HEAD, "axis": t.axis,
-        "input": {"name": name[model_in], **detail(model_in)},
-        "output": {"name": name[model_out], **detail(model_out), "rank": HEAD},
-        "ranks": ranks, "stages": stages, "buffers": buffers,
-    }
+    return assemble(graph, t.axis, stages, [(tensor_of(m.layer), m.rows, m.sender, m.receiver) for m in t.messages],
+                    devices, blobs)
 
 
 def bytes_moved(table: dict) -> dict:

@@ -21,7 +21,6 @@ from edgeplan.plan.spatial.ops import TYPE1, TYPE2, tflite_type
 from edgeplan.plan.spatial.paths import Paths
 from edgeplan.quantize.stream import cut_ops
 from edgeplan.quantize.tflite_graph import TfliteGraph
-from edgeplan.surgery.multidevice import tensor_detail
 from edgeplan.surgery.spatial import (
     HEAD,
     ChainLayer,
@@ -31,8 +30,10 @@ from edgeplan.surgery.spatial import (
     _chain_op,
     _minus,
     _sources,
+    assemble,
     fit,
     groups_of,
+    rows_detail,
 )
 
 
@@ -219,46 +220,28 @@ def segments(graph: TfliteGraph, t: PathTiling) -> dict[str, bytes]:
 def tables(graph: TfliteGraph, t: PathTiling, devices: list[dict], blobs: dict[str, str]) -> dict:
     """The rank program's tables, as ``surgery/spatial.tables`` writes them, with a merge's several inputs."""
     name = {ix: graph.tensors[ix].name for ix in range(len(graph.tensors))}
-    model_in, model_out = graph.inputs[0], graph.outputs[0]
 
-    def detail(ix: int, rows: int | None = None) -> dict:
-        out = tensor_detail(graph, ix)
-        if rows is not None:
-            out["nbytes"] = out["nbytes"] // out["shape"][t.axis] * rows
-            out["shape"][t.axis] = rows
-        return out
+    def shape(ix: int, rows: int | None = None) -> list[int]:
+        return rows_detail(graph, t.axis, ix, rows)["shape"]
 
     stages = []
     for g in t.groups:
         ins = t.layers[g.layers[0]].inputs
         h = g.tile.rows[1] - g.tile.rows[0]
+        where = {i: g.layers.index(i) for i in g.outputs}
         stages.append({
             "index": g.index, "rank": g.device, "int8": f"int8/s{g.index}.tflite", "inputs": [name[x] for x in ins],
             "outputs": [name[t.layers[i].chain.tensor] for i in sorted(g.outputs)], "layers": list(g.layers),
-            "tile": {"inputs": {name[x]: {"rows": list(g.tile.rows), "shape": detail(x, h)["shape"]} for x in ins},
+            "tile": {"inputs": {name[x]: {"rows": list(g.tile.rows), "shape": shape(x, h)} for x in ins},
                      "outputs": {name[t.layers[i].chain.tensor]: {
-                         "offset": g.tile.offsets[g.layers.index(i)], "keep": list(g.tile.valid[g.layers.index(i)]),
-                         "shape": detail(t.layers[i].chain.tensor, g.tile.heights[g.layers.index(i)])["shape"]}
-                         for i in sorted(g.outputs)}},
+                         "offset": g.tile.offsets[k], "keep": list(g.tile.valid[k]),
+                         "shape": shape(t.layers[i].chain.tensor, g.tile.heights[k])}
+                         for i, k in sorted(where.items())}},
         })
     if t.suffix:
-        ins = list(t.gathered)
         stages.append({"index": len(stages), "rank": HEAD, "int8": f"int8/s{len(stages)}.tflite",
-                       "inputs": [name[x] for x in ins], "outputs": [name[model_out]], "layers": [],
-                       "tile": {"inputs": {name[x]: {"rows": [0, graph.tensors[x].shape[t.axis]],
-                                                     "shape": detail(x)["shape"]} for x in ins}, "outputs": {}}})
-    for s in stages:
-        s["int8_sha256"] = blobs[s["int8"]]
-    buffers = {}
-    for m in t.messages:
-        key = f"{name[m.tensor]}@{m.rows[0]}:{m.rows[1]}>{m.receiver}"
-        buffers[key] = {"tag": len(buffers), "tensor": name[m.tensor], "rows": list(m.rows),
-                        **detail(m.tensor, m.rows[1] - m.rows[0]), "sender": m.sender, "receivers": [m.receiver]}
-    ranks = [{"rank": r, **dev, "stages": [s["index"] for s in stages if s["rank"] == r]}
-             for r, dev in enumerate(devices)]
-    return {
-        "head": HEAD, "axis": t.axis,
-        "input": {"name": name[model_in], **detail(model_in)},
-        "output": {"name": name[model_out], **detail(model_out), "rank": HEAD},
-        "ranks": ranks, "stages": stages, "buffers": buffers,
-    }
+                       "inputs": [name[x] for x in t.gathered], "outputs": [name[graph.outputs[0]]], "layers": [],
+                       "tile": {"inputs": {name[x]: {"rows": [0, graph.tensors[x].shape[t.axis]], "shape": shape(x)}
+                                           for x in t.gathered}, "outputs": {}}})
+    return assemble(graph, t.axis, stages, [(m.tensor, m.rows, m.sender, m.receiver) for m in t.messages], devices,
+                    blobs)
