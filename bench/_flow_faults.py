@@ -45,6 +45,7 @@ KINDS = ("worker", "server", "dask")
 MODEL = ("zoo:tiny_cnn", "m", "1")
 DEPLOYMENT = "m-solo"
 MEASURED = ("profiles", "parallax", "1.dvc")  # timed on this host: not byte-identical between runs
+LOGS = "logs"  # what the converters printed (edgeplan/childlog): no artifact
 RUN_LIMIT_S = 600.0
 
 
@@ -58,7 +59,7 @@ def deterministic(work: Path) -> dict[str, str]:
     FlashMem segments of its deployment)."""
     arts = work / "artifacts"
     out = {k: v for k, v in _files(arts / "m").items() if k.split("/")[0] not in MEASURED
-           and (k.split("/") + [""])[1] not in MEASURED}
+           and (k.split("/") + [""])[1] not in (*MEASURED, LOGS)}
     out.update({f"flashmem/{k}": v for k, v in _files(arts / "deployments" / DEPLOYMENT / "flashmem").items()})
     return out
 

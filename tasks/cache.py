@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from edgeplan import childlog
 from edgeplan.artifacts import code_digest
 
 _FILE_HASHES: dict[tuple, str] = {}
@@ -26,11 +27,13 @@ def file_digest(path: Path) -> str:
 
 
 def tree_digest(paths: Iterable[Path]) -> str:
-    """Over files and directories (every file under them, by relative name); a missing path counts as such."""
+    """Over files and directories (every file under them, by relative name, but a directory's ``logs/``: what the
+    converters printed, ``edgeplan/childlog``, is no input); a missing path counts as such."""
     h = hashlib.sha256()
     for p in sorted(Path(x) for x in paths):
         if p.is_dir():
-            for f in sorted(q for q in p.rglob("*") if q.is_file() and not q.name.startswith(".")):
+            for f in sorted(q for q in p.rglob("*") if q.is_file() and not q.name.startswith(".")
+                            and q.relative_to(p).parts[0] != childlog.DIR):
                 h.update(f"{f.relative_to(p)}\0{file_digest(f)}\n".encode())
         elif p.is_file():
             h.update(f"{p.name}\0{file_digest(p)}\n".encode())

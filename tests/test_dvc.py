@@ -14,6 +14,13 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
+
+def _tree(root):
+    """The version's files by content, but verify.json, DVC's .gitignore and the converters' output (``logs/``,
+    edgeplan/childlog: not versioned)."""
+    return {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()
+            and p.name not in ("verify.json", ".gitignore") and p.relative_to(root).parts[0] != "logs"}
+
 def test_dvc_repro_builds_and_verifies_the_listed_models(tmp_path, s3_server):
     work = tmp_path / "ws"
     work.mkdir()
@@ -47,11 +54,11 @@ def test_dvc_repro_builds_and_verifies_the_listed_models(tmp_path, s3_server):
     run(str(bindir / "dvc"), "remote", "add", "-d", "store", "s3://edgeplan/dvc-remote")
     run(str(bindir / "dvc"), "remote", "modify", "store", "endpointurl", s3_server)
     run(str(bindir / "dvc"), "push")
-    want = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name not in ("verify.json", ".gitignore")}
+    want = _tree(root)
     shutil.rmtree(root)
     shutil.rmtree(work / ".dvc" / "cache")
     run(str(bindir / "dvc"), "pull")
-    got = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name not in ("verify.json", ".gitignore")}
+    got = _tree(root)
     assert got == want and len(got) > 10
     # the flow on the same model version makes the same artifacts (byte for byte, but for the profiles and the
     # Parallax plans, both measured on this host),
@@ -72,7 +79,7 @@ def test_dvc_repro_builds_and_verifies_the_listed_models(tmp_path, s3_server):
     assert latest["revision"] == 1
     check = summary["device_check"]  # pulled from S3 by the runtime, served, answered
     assert check and all(r["requests"] > 0 and r["failed"] == 0 and r["measured_ms"] > 0 for r in check), check
-    got = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name not in ("verify.json", ".gitignore")}
+    got = _tree(root)
     assert {k: v for k, v in got.items() if k.parts[0] not in ("profiles", "parallax")} == deterministic
     assert set(got) == set(want)
     out = run(str(bindir / "dvc"), "status")
