@@ -4,9 +4,10 @@ A layer is one Type 1 op (Table 2) and the single-input Type 2 ops after it (a l
 of its own with the identity window). A constant-mode ``Pad`` of the spatial axes that only a Type 1 op reads
 (Keras ``ZeroPadding2D``, or the pads canonicalisation moves out of a pooling op) joins that op's layer: its
 rows are padding of the op's window. The region ends — everything after runs on one device once the
-partitions are gathered — at the first Type 3 op, at an op the table does not know, and (until path analysis,
-§4.2, splits multi-path blocks into single-entry, single-exit sub-blocks) at the first tensor read by more than
-one op or op reading two computed tensors. ``Region.reason`` says which, naming the op.
+partitions are gathered — at the first Type 3 op, at an op the table does not know, and at the first tensor read
+by more than one op or op reading two computed tensors, where ``paths`` (path analysis, §4.2: single-entry,
+single-exit sub-blocks) goes on. ``Region.reason`` says which, naming the op. The float tiles
+(``surgery/spatial_float``) are made on this chain region.
 """
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ def region(view: GraphView, dim: str = "H") -> Region:
     while tensor != view.output.name:
         readers = view.consumers.get(tensor, [])
         if len(readers) != 1:
-            reason = f"{tensor!r} is read by {len(readers)} ops (path analysis of multi-path blocks: not yet)"
+            reason = f"{tensor!r} is read by {len(readers)} ops (the chain ends; path analysis goes on: paths.py)"
             break
         node = nodes[readers[0]]
         kind = onnx_type(node.op_type)
@@ -133,7 +134,7 @@ def region(view: GraphView, dim: str = "H") -> Region:
             reason = f"{label} is Type 3"
             break
         if len(computed) != 1:
-            reason = f"{label} joins {len(computed)} computed tensors (path analysis: not yet)"
+            reason = f"{label} joins {len(computed)} computed tensors (the chain ends; path analysis goes on)"
             break
         if len(view.shape(node.output[0])) != 4:
             reason = f"{label} does not keep the NCHW layout"
