@@ -635,6 +635,10 @@ def cmd_plan_parallax(args, params) -> int:
     console.print(t)
     for m in plan.models:
         console.print(f"{m.name}: {m.why}")
+        for pp in m.points:
+            for r in pp.regions:
+                console.print(f"  point {pp.point}: Edge TPU region of {r.ops} ops, {r.macs / 1e6:.1f} MMAC: "
+                              f"{'kept' if r.keep else 'back to the CPU'} ({r.why}; EMULATED offload)")
     console.print(f"wrote {path}")
     return 0
 

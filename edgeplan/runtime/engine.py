@@ -30,6 +30,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -302,6 +303,8 @@ class Accelerator(threading.Thread):
         self.free_at = 0.0  # emulated: when the device finishes what it was given (perf_counter)
         self.evictions = 0
         self.cpu_fallbacks = 0
+        self.region_holds = 0  # Edge TPU regions inside suffixes taken on the device's clock (EMULATED)
+        self.region_fallbacks = 0  # of them, computed on the CPU (not computed ahead)
 
     def emulate(self, req: Request) -> None:
         """EMULATED: schedule ``req``'s prefix on the device's clock and pass the request on (see the class)."""
@@ -324,6 +327,35 @@ class Accelerator(threading.Thread):
                 self.engine.pools[req.model].submit(req, out)
             else:
                 self.q.put((req, out))
+
+    def region(self, m: ServedModel, point: int) -> parallel.Device:
+        """EMULATED: the Edge TPU regions of ``point``'s suffix (a Parallax plan's offload sub-models) on the
+        device's FCFS clock: a region starts when it is handed over or when what the device was given before (a
+        prefix, another region) is done, and holds the device for the plan's offload time; its outputs are those
+        computed ahead (``Runtime.precompute``), else computed on the CPU here (counted; the device is then busy
+        at least until they are). The region's parameters do not enter the on-chip cache model."""
+        def begin(sub: parallel.SubModel, it, live: dict, compute) -> Callable[[], dict]:
+            names = [d["name"] for d in it.get_input_details()]
+            hit = self.engine.computed.get((m.name, point, sub.name, tuple(input_key(live[n]) for n in names)))
+            asked = time.perf_counter()
+            out = hit[1] if hit is not None and all(np.array_equal(a, live[n]) for a, n in zip(hit[0], names)) else None
+            fell_back = out is None
+            if fell_back:
+                out = compute()
+            with self.lock:
+                start = max(asked, self.free_at)
+                self.free_at = start + sub.offload_s
+                if fell_back:
+                    self.free_at = max(self.free_at, time.perf_counter())
+                    self.region_fallbacks += 1
+                self.region_holds += 1
+                done = self.free_at
+
+            def finish() -> dict:
+                wait_until(done)
+                return out
+            return finish
+        return begin
 
     def _resident(self, m: ServedModel, p: int) -> float:
         """Make (m, p) resident in the on-chip cache (SwapLess's LRU); the load time it costs (s)."""
@@ -481,7 +513,7 @@ class Runtime:
         m = self._model(model)
         pts = (self.manifest.points_carried(m.entry) if points == "all"
                else sorted(points or (m.preload | {self.points[model]})))
-        n, its = 0, {}
+        n, its, regions = 0, {}, {}
         for x in xs:
             q = quantize_input(x, m.entry.input)
             k = input_key(q)
@@ -492,7 +524,23 @@ class Runtime:
                                                                          deterministic=False))
                     self.computed[model, p, k] = (q, its[model, p](q))
                     n += 1
+                staged = self.parallax.get(model, {}).get(p)
+                if staged is not None and staged.offloads:  # its Edge TPU regions' outputs too
+                    if p not in regions:
+                        regions[p] = parallel.SuffixRunner(staged, parallel.interpreter_for(False),
+                                                           self._recorder(model, p))
+                    regions[p](q if p == 0 else self.computed[model, p, k][1])
         return n
+
+    def _recorder(self, model: str, point: int) -> parallel.Device:
+        """A device that computes Edge TPU regions on the CPU and keeps their outputs for the emulated one."""
+        def begin(sub: parallel.SubModel, it, live: dict, compute) -> Callable[[], dict]:
+            names = [d["name"] for d in it.get_input_details()]
+            out = compute()
+            self.computed[model, point, sub.name, tuple(input_key(live[n]) for n in names)] = (
+                [live[n] for n in names], out)
+            return lambda: out
+        return begin
 
     def _model(self, name: str) -> ServedModel:
         if name not in self.models:
@@ -670,7 +718,8 @@ class Runtime:
         sub-models' interpreters built now, helper threads shared by the process), else the suffix interpreter."""
         staged = self.parallax.get(m.name, {}).get(point)
         if staged is not None:
-            return parallel.SuffixRunner(staged, parallel.interpreter_for(False))
+            device = self.accelerator.region(m, point) if self.mode == "emulated" else None
+            return parallel.SuffixRunner(staged, parallel.interpreter_for(False), device)
         return litert.Runner(litert.interpreter(m.segment(point, "suffix"), deterministic=False))
 
     def status(self) -> dict:
@@ -683,10 +732,14 @@ class Runtime:
                                "suffix_service_ms": {p: round(1e3 * sum(v) / len(v), 3)
                                                      for p, v in sorted(self.service_times(n).items())},
                                "branch_parallel_points": sorted(self.parallax.get(n, {})),
+                               "edgetpu_region_points": sorted(p for p, st in self.parallax.get(n, {}).items()
+                                                               if st.offloads),
                                "latency_budget_ms": round(1e3 * self.budget_s[n], 3) if n in self.budget_s
                                else None}
                            for n in self.order},
-                "inflight": self.inflight, "switches": self.switches}
+                "inflight": self.inflight, "switches": self.switches,
+                "edgetpu_regions": {"held": self.accelerator.region_holds,
+                                    "computed_on_cpu": self.accelerator.region_fallbacks}}
 
     def _queues(self) -> list[tuple[str, int]]:
         now, acc, cpu = time.perf_counter(), collections.Counter(), collections.Counter()

@@ -5,6 +5,10 @@ thread (LiteRT releases the GIL in ``invoke``, so they overlap). Tensors pass be
 Threads come from one pool per process, shared by every runner in it: a parallel stage takes the idle threads it
 can and runs the sub-models it got none for in order on the calling thread — the same interpreters, no second
 copy of the weights. Every interpreter is built once, at load: its arena lives as long as it does.
+
+A sub-model with an offload time is an Edge TPU region (``plan/parallax/offload``): given a ``device``, the runner
+hands it over first (the device takes it on its clock) and runs the stage's CPU sub-models meanwhile; without one
+it is a CPU sub-model like the others.
 """
 from __future__ import annotations
 
@@ -32,6 +36,12 @@ class SubModel:
     name: str
     data: bytes
     threads: int  # XNNPACK threads of its interpreter
+    offload_s: float | None = None  # an Edge TPU region: how long the accelerator holds it (EMULATED)
+
+
+# ``device(sub-model, interpreter, live tensors, compute) -> finish``: an accelerator takes an Edge TPU region
+# (``compute()`` gives its outputs on the CPU); ``finish()`` returns them once the device is done with it.
+Device = Callable[[SubModel, object, dict, Callable[[], dict]], Callable[[], dict]]
 
 
 @dataclass(frozen=True)
@@ -104,9 +114,10 @@ class ParallelRunner:
     allocated LiteRT interpreter (the caller picks the kernels)."""
 
     def __init__(self, stages: list[Stage], interpreter: Callable[[bytes, int], object], *, workers: int,
-                 pool_: Pool | None = None):
+                 pool_: Pool | None = None, device: Device | None = None):
         self.stages = stages
         self.workers = workers
+        self.device = device
         self.pool = pool_ if pool_ is not None else (pool(workers - 1) if workers > 1 else None)
         self.interpreters = [[interpreter(s.data, s.threads) for s in st.submodels] for st in stages]
 
@@ -120,18 +131,26 @@ class ParallelRunner:
         return out
 
     def _stage(self, stage: Stage, its: list, live: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        helpers = self.pool.take(len(its) - 1) if stage.parallel and self.pool is not None else 0
-        futures = [self.pool.submit(_named(stage, k, its[k], live)) for k in range(1, 1 + helpers)]
         out: dict[str, np.ndarray] = {}
         error: BaseException | None = None
-        for k in [0, *range(1 + helpers, len(its))]:  # the caller's share, in order
+        held, cpu = [], list(range(len(its)))
+        if self.device is not None:  # Edge TPU regions first: the device works while the CPU sub-models run
+            cpu = [k for k in cpu if stage.submodels[k].offload_s is None]
+            for k in (k for k in range(len(its)) if k not in cpu):
+                try:
+                    held.append(self.device(stage.submodels[k], its[k], live, _named(stage, k, its[k], live)))
+                except ParallelError as e:
+                    error = error or e
+        helpers = self.pool.take(len(cpu) - 1) if len(cpu) > 1 and self.pool is not None else 0
+        futures = [self.pool.submit(_named(stage, k, its[k], live)) for k in cpu[1:1 + helpers]]
+        for k in [*cpu[:1], *cpu[1 + helpers:]]:  # the caller's share, in order
             try:
                 out.update(_named(stage, k, its[k], live)())
             except ParallelError as e:
                 error = error or e
-        for f in futures:  # every helper finishes before the stage returns, failed or not
+        for f in [*futures, *held]:  # every helper and region finishes before the stage returns, failed or not
             try:
-                out.update(f.result())
+                out.update(f.result() if isinstance(f, Future) else f())
             except ParallelError as e:
                 error = error or e
         if error is not None:
@@ -156,6 +175,7 @@ class SubModelFile:
     path: Path
     sha256: str
     threads: int
+    offload_ms: float | None = None  # an Edge TPU region's EMULATED hold
 
 
 @dataclass(frozen=True)
@@ -168,6 +188,11 @@ class PointStages:
     output: str
     stages: tuple[tuple[int | None, tuple[SubModelFile, ...]], ...]
 
+    @property
+    def offloads(self) -> bool:
+        """Whether any sub-model is an Edge TPU region."""
+        return any(f.offload_ms is not None for _, files in self.stages for f in files)
+
     def read(self) -> list[Stage]:
         """The stages with their sub-models' bytes, each checked against the hash the plan names (a corrupt blob
         fails here, naming it)."""
@@ -178,7 +203,8 @@ class PointStages:
                 data = f.path.read_bytes()
                 if hashlib.sha256(data).hexdigest() != f.sha256:
                     raise ParallelError(f"sub-model {f.path}: not the blob the revision names (sha256 differs)")
-                subs.append(SubModel(f.path.stem, data, f.threads))
+                subs.append(SubModel(f.path.stem, data, f.threads,
+                                     None if f.offload_ms is None else f.offload_ms / 1e3))
             out.append(Stage(layer, tuple(subs)))
         return out
 
@@ -186,9 +212,9 @@ class PointStages:
 class SuffixRunner:
     """A point's suffix branch-parallel, called like ``litert.Runner``: the suffix input in, its output out."""
 
-    def __init__(self, plan: PointStages, interpreter: Callable[[bytes, int], object]):
+    def __init__(self, plan: PointStages, interpreter: Callable[[bytes, int], object], device: Device | None = None):
         self.plan = plan
-        self.runner = ParallelRunner(plan.read(), interpreter, workers=plan.workers)
+        self.runner = ParallelRunner(plan.read(), interpreter, workers=plan.workers, device=device)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self.runner.run({self.plan.input: x})[self.plan.output]
@@ -234,10 +260,15 @@ def load_plans(rev_dir, manifest) -> dict[str, dict[int, PointStages]]:
                         raise BundleVerificationError(f"{where}: {what} is not a blob of this revision with the hash "
                                                       "and size the plan names; refused")
                     integer(s.threads, where, f"{what} threads", 1, 256)
+                    if s.offload_ms is not None and not (isinstance(s.offload_ms, (int, float))
+                                                         and 0 <= s.offload_ms <= 60_000):
+                        raise BundleVerificationError(f"{where}: {what} offload_ms {s.offload_ms!r} is not a time "
+                                                      "in [0, 60000] ms; refused")
                     if not set(s.inputs) <= made:
                         raise BundleVerificationError(f"{where}: {what} takes {sorted(set(s.inputs) - made)}, which "
                                                       "no earlier stage makes; refused")
-                    subs.append(SubModelFile(Path(rev_dir) / blob, s.sha256, s.threads))
+                    subs.append(SubModelFile(Path(rev_dir) / blob, s.sha256, s.threads,
+                                             None if s.offload_ms is None else float(s.offload_ms)))
                 made |= {o for s in st.submodels for o in s.outputs}
                 stages.append((st.layer, tuple(subs)))
             if pp.output not in {o for s in pp.stages[-1].submodels for o in s.outputs}:

@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import json
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -167,3 +168,53 @@ def test_the_bundle_refuses_a_plan_made_for_other_sub_models(planned):
             build(root, DEP, p)
     finally:
         sub.write_bytes(kept)
+
+
+def test_edge_tpu_regions_inside_a_suffix_go_to_the_emulated_accelerator(planned, tmp_path, capsys):
+    """With ``compile.allow_multiple_subgraphs``: point 0's suffix (the whole model) has two runs the compiler maps
+    only with several subgraphs (after the LRN ops); pruning keeps the large one, so that suffix runs as a CPU stage
+    then the region, which the emulated accelerator holds on its clock. Served, the bits are the uncut suffix's."""
+    src, _, p, *_ = planned
+    root = tmp_path / "art"
+    shutil.copytree(src, root)
+    multi = json.loads(json.dumps(p))
+    multi["compile"]["allow_multiple_subgraphs"] = True
+    plan, _ = plan_parallax(root, DEP, multi)
+    (m,) = plan.models
+    (p0,) = [x for x in m.points if x.regions]
+    assert p0.point == 0 and "Edge TPU regions (EMULATED) inside the suffixes of points [0]" in m.why
+    kept = [r for r in p0.regions if r.keep]
+    assert len(kept) == 1 and kept[0].offload_ms < kept[0].cpu_ms
+    assert [r.why for r in p0.regions if not r.keep] == ["2 ops (< 3)"]
+    held = [s for st in p0.stages for s in st.submodels if s.offload_ms is not None]
+    assert [s.offload_ms for s in held] == [kept[0].offload_ms]
+    # the other points keep their branch-parallel stages, with no region
+    assert [x.point for x in m.points if not x.regions] == [x.point for x in planned[3].models[0].points if x.point]
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump(multi))
+    assert main(["--params", str(params_file), "plan", "parallax", "--deployment", DEP, "--out", str(root)]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "point 0: Edge TPU region of" in shown and "kept (offload" in shown and "back to the CPU (2 ops" in shown
+
+    _, key_path, _ = keys.generate(tmp_path / "keys")
+    key, trusted = keys.load_signing_key(key_path), keys.load_trusted([tmp_path / "keys"])
+    store = open_store(tmp_path / "store")
+    publish(store, build(root, DEP, multi), key, trusted, fleet.load(multi).devices)
+    dest = tmp_path / "dev"
+    assert pull(store, dest, trusted, device_id="edge-px").activated  # health check: the regions on the CPU
+    rev_dir, manifest = active(dest)
+    xs = load_inputs(rev_dir, manifest.models[0], 3)
+    with Runtime(dest, mode="emulated", adapt=False) as em, Runtime(dest, mode="cpu", adapt=False,
+                                                                    parallax=False) as whole:
+        for rt in (em, whole):
+            rt.configure({"inc": 0}, {"inc": 2})
+        assert em.status()["models"]["inc"]["edgetpu_region_points"] == [0]
+        em.precompute("inc", xs[:2], points=[0])
+        for x in xs[:2]:
+            t0 = time.perf_counter()
+            got = em.infer("inc", x)
+            assert time.perf_counter() - t0 >= kept[0].offload_ms / 1e3  # the device's clock held it
+            np.testing.assert_array_equal(got, whole.infer("inc", x))
+        assert em.status()["edgetpu_regions"] == {"held": 2, "computed_on_cpu": 0}
+        np.testing.assert_array_equal(em.infer("inc", xs[2]), whole.infer("inc", xs[2]))  # not computed ahead
+        assert em.status()["edgetpu_regions"] == {"held": 3, "computed_on_cpu": 1}

@@ -9,6 +9,11 @@ Every point whose suffix has a branch-parallel layer gets its stages; their sub-
 ``deployments/<name>/parallax/<model>/p<k>/`` and named in the plan by sha256 and size. The stage is measured
 on this host, so only a class whose CPU is measured here (``cpu: measured``) gets a plan.
 
+Edge TPU regions inside a suffix (``plan/parallax/offload``): with ``compile.allow_multiple_subgraphs``, on a
+class with an emulated Edge TPU and for a deployment of one model, a point whose suffix keeps a region after
+delegate pruning runs as the offload stages instead (its regions on the accelerator, EMULATED), verified
+identical to the suffix with both kernel sets before anything is written.
+
 Record stdlib only: the device runtime reads it (``runtime/parallel.load_plans``).
 """
 from __future__ import annotations
@@ -33,6 +38,20 @@ class PlannedSubModel:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     estimated_arena_bytes: int
+    offload_ms: float | None = None  # an Edge TPU region: its EMULATED hold on the accelerator; None: the CPU
+
+
+@dataclass(frozen=True)
+class PlannedRegion:
+    """A run of suffix ops the compiler maps only with multiple subgraphs, and delegate pruning's decision."""
+
+    ops: int
+    macs: int
+    boundary_bytes: int
+    offload_ms: float  # EMULATED: L + F / R_acc + B / B_bw
+    cpu_ms: float  # F / R_cpu, R_cpu the suffix's MACs over its measured 1-thread time
+    keep: bool
+    why: str
 
 
 @dataclass(frozen=True)
@@ -51,6 +70,7 @@ class PointPlan:
     whole_ms: float | None  # measured end to end on the stage's host: the suffix on W threads, the plan
     plan_ms: float | None
     stages: tuple[PlannedStage, ...]
+    regions: tuple[PlannedRegion, ...] = ()  # Edge TPU regions planned inside the suffix (kept or pruned)
 
 
 @dataclass(frozen=True)
@@ -72,6 +92,7 @@ class ParallaxDeploymentPlan(_Record):
 
 
 _FIELD_TYPES.update({("PlannedStage", "submodels"): PlannedSubModel, ("PointPlan", "stages"): PlannedStage,
+                     ("PointPlan", "regions"): PlannedRegion,
                      ("ModelParallaxPlan", "points"): PointPlan, ("ParallaxDeploymentPlan", "models"): ModelParallaxPlan})
 
 
@@ -138,6 +159,82 @@ def _point(d: Path, record: dict, point: int, scratch: Path, rel: str) -> PointP
                      entry.get("whole_ms"), entry.get("plan_ms"), tuple(stages))
 
 
+def _offload_refused(params: dict, dc, models: int) -> str | None:
+    """Why no suffix of this deployment gets Edge TPU regions ("": not asked for), or None: they may."""
+    if not params["compile"].get("allow_multiple_subgraphs"):
+        return ""
+    if not dc.accelerator.emulated:
+        return (f"device class {dc.name!r} has no emulated Edge TPU (regions are held on the emulated device's "
+                "clock; no region is compiled for a real one here)")
+    if models != 1:
+        return (f"{models} models: a request would visit the Edge TPU twice, which the SwapLess model does not "
+                "cover (one-model deployments only)")
+    return None
+
+
+def _profile(d: Path, class_name: str):
+    from edgeplan.errors import ProfileError
+    from edgeplan.profile.schema import Profile
+
+    path = d / "profiles" / f"{class_name}.json"
+    if not path.is_file():
+        raise ProfileError(f"{path}: missing; run `edgeplan profile run {d} --device-class {class_name}` first")
+    prof = Profile.load(path)
+    if not prof.tpu_model:
+        raise ProfileError(f"{path}: made without an emulated Edge TPU (no tpu_model); Edge TPU regions are "
+                           "pruned with its constants: profile again")
+    return prof
+
+
+def _offload_point(d: Path, prof, point: int, scratch: Path, rel: str, workers: int, params: dict
+                   ) -> PointPlan | None:
+    """Point ``point``'s suffix around the Edge TPU regions delegate pruning keeps (None: it keeps none, or the
+    suffix was not profiled), its sub-models cut, verified and copied to ``scratch/rel``."""
+    from edgeplan.plan.parallax import offload, stage
+    from edgeplan.quantize import litert
+    from edgeplan.quantize.stream import cut_ops
+    from edgeplan.quantize.tflite_graph import TfliteGraph
+    from edgeplan.runtime.parallel import Stage, SubModel
+
+    suffix = d / "segments" / f"p{point}" / "suffix_int8.tflite"
+    seg = next((s for s in prof.segments if s.key == (point, "suffix") and s.status == "ok"), None)
+    ms = seg.cpu_ms(1) if seg is not None else None
+    if not suffix.is_file() or ms is None:
+        return None
+    data = suffix.read_bytes()
+    graph = TfliteGraph(data)
+    regions, _ = offload.regions(graph, prof.tpu_model, ms)
+    kept = [r for r in regions if r.keep]
+    if not kept:
+        return None
+    planned = offload.stages(graph, kept, workers)
+    run = [Stage(st.layer, tuple(SubModel(f"p{point}_s{k}w{w}", cut_ops(graph, list(ops), f"p{point}_s{k}w{w}",
+                                                                         list(outs)), t)
+                                 for w, (ops, outs, t) in enumerate(zip(st.submodels, st.outputs, st.threads))))
+           for k, st in enumerate(planned)]
+    same = stage.identical(graph, run, workers, int(params["parallax"]["verify_samples"]),
+                           int(params["verify"]["seed"]))
+    if not all(same.values()):
+        raise ArtifactError(f"{suffix}: its stages around the Edge TPU regions do not give the suffix's bits "
+                            f"({same}); nothing of it is planned")
+    stages = []
+    for st, ran in zip(planned, run):
+        subs = []
+        for sub, outs, hold in zip(ran.submodels, st.outputs, st.offload_ms):
+            file = f"{rel}/{sub.name}.tflite"
+            write_bytes_atomic(scratch / file, sub.data)
+            ins = tuple(x["name"] for x in litert.interpreter(sub.data).get_input_details())
+            subs.append(PlannedSubModel(f"parallax/{file}", hashlib.sha256(sub.data).hexdigest(), len(sub.data),
+                                        sub.threads, ins, tuple(graph.tensors[i].name for i in outs),
+                                        int(st.peak_bytes[len(subs)]), hold))
+        stages.append(PlannedStage(st.layer, tuple(subs)))
+    inp, outp = _io_names(data)
+    return PointPlan(point, hashlib.sha256(data).hexdigest(), inp, outp,
+                     sum(1 for st in planned if len(st.submodels) > 1), None, None, tuple(stages),
+                     tuple(PlannedRegion(len(r.ops), int(r.macs), int(r.boundary_bytes), r.offload_ms, r.cpu_ms,
+                                         r.keep, r.why) for r in regions))
+
+
 def plan_parallax(root: Path, name: str, params: dict) -> tuple[ParallaxDeploymentPlan, Path]:
     from edgeplan.pipeline.planning import deployment
     from edgeplan.plan.swapless.plan import SwapLessPlan
@@ -154,6 +251,7 @@ def plan_parallax(root: Path, name: str, params: dict) -> tuple[ParallaxDeployme
         raise ArtifactError(f"{swapless_path}: missing; run `edgeplan plan swapless --deployment {name}` first "
                             "(Parallax gives a suffix at most the cores SwapLess gives its model)")
     swapless = SwapLessPlan.load(swapless_path)
+    offload_why = _offload_refused(params, dc, len(swapless.models))
     models, budget = [], 0
     with staged_dir(out_dir / "parallax") as scratch:  # the previous plan's sub-models stay until this one is made
         for pm in swapless.models:
@@ -161,6 +259,13 @@ def plan_parallax(root: Path, name: str, params: dict) -> tuple[ParallaxDeployme
             record = _stage_record(d)
             budget = max(budget, int(record["budget_bytes"]))
             workers, cores = int(record["workers"]), _max_cores(swapless, pm.name)
+            offloaded: dict[int, PointPlan] = {}
+            if offload_why is None:
+                prof = _profile(d, dc.name)
+                for p in range(pm.last_point):  # the last point has no CPU suffix
+                    got = _offload_point(d, prof, p, scratch, f"{pm.name}/p{p}", max(1, min(workers, cores)), params)
+                    if got is not None:
+                        offloaded[p] = got
             points: list[PointPlan] = []
             if cores < 2:
                 why = f"SwapLess gives {pm.name} at most {cores} core: every suffix runs uncut"
@@ -169,12 +274,20 @@ def plan_parallax(root: Path, name: str, params: dict) -> tuple[ParallaxDeployme
                        f"workers: every suffix runs uncut (re-run `edgeplan parallax {d}` with parallax.workers "
                        f"{cores})")
             else:
-                for p in range(pm.last_point):  # the last point has no CPU suffix
-                    got = _point(d, record, p, scratch, f"{pm.name}/p{p}")
+                for p in range(pm.last_point):
+                    got = offloaded.get(p) or _point(d, record, p, scratch, f"{pm.name}/p{p}")
                     if got is not None:
                         points.append(got)
-                why = (f"branch-parallel at points {[x.point for x in points]} on {workers} workers" if points else
+                parallel = [x.point for x in points if x.point not in offloaded]
+                why = (f"branch-parallel at points {parallel} on {workers} workers" if parallel else
                        "no suffix keeps a branch-parallel layer (measured end to end): every suffix runs uncut")
+            if (cores < 2 or cores < workers) and offloaded:
+                points = sorted(offloaded.values(), key=lambda x: x.point)
+                why += " (but for its Edge TPU regions)"
+            if offloaded:
+                why += f"; Edge TPU regions (EMULATED) inside the suffixes of points {sorted(offloaded)}"
+            elif offload_why:
+                why += f"; no Edge TPU region inside a suffix: {offload_why}"
             models.append(ModelParallaxPlan(pm.name, pm.version, workers, why, tuple(points)))
     result = ParallaxDeploymentPlan(name, dc.name, budget, tuple(models))
     out = out_dir / PLAN_FILE

@@ -45,13 +45,15 @@ class Bounds:
     l_r_cpu: float
 
 
-def mapped_regions(graph: TfliteGraph) -> list[tuple[int, ...]]:
+def mapped_regions(graph: TfliteGraph, beyond_prefix: bool = False) -> list[tuple[int, ...]]:
     """Runs of consecutive ops the (emulated) compiler maps, multiple subgraphs allowed: each one region (a run of
-    consecutive ops in a topological order is convex)."""
+    consecutive ops in a topological order is convex). ``beyond_prefix``: only ops it maps *because* several
+    subgraphs are allowed (those a one-subgraph compile maps are the SwapLess prefix's to take or leave)."""
+    prefix = ({p.index for p in place_ops(graph) if p.status == edgetpu_ops.MAPPED} if beyond_prefix else set())
     runs: list[list[int]] = []
     previous = False
     for p in place_ops(graph, allow_multiple_subgraphs=True):
-        mapped = p.status == edgetpu_ops.MAPPED
+        mapped = p.status == edgetpu_ops.MAPPED and p.index not in prefix
         if mapped and not previous:
             runs.append([])
         if mapped:
@@ -61,13 +63,13 @@ def mapped_regions(graph: TfliteGraph) -> list[tuple[int, ...]]:
 
 
 def prune(graph: TfliteGraph, *, overhead_ms: float, acc_macs_per_s: float, link_bytes_per_s: float,
-          cpu_macs_per_s: float) -> tuple[list[Region], Bounds]:
-    """Every mapped region with the decision and its terms."""
+          cpu_macs_per_s: float, runs: list[tuple[int, ...]] | None = None) -> tuple[list[Region], Bounds]:
+    """Every mapped region (``runs``, default ``mapped_regions``) with the decision and its terms."""
     if min(acc_macs_per_s, link_bytes_per_s, cpu_macs_per_s) <= 0 or overhead_ms < 0:
         raise ValueError("rates must be positive and the overhead not negative")
     flops = tflite_flops(graph)
     out = []
-    for k, ops in enumerate(mapped_regions(graph)):
+    for k, ops in enumerate(mapped_regions(graph) if runs is None else runs):
         macs = sum(graph.op_macs[i] or flops[i] for i in ops)
         ins, outs = ops_boundary(graph, ops)
         b = sum(tensor_bytes(graph, x) for x in (*ins, *outs))

@@ -174,10 +174,10 @@ def stages(graph: TfliteGraph, layers: list[Layer], workers: int) -> list[StageP
         run.extend(v for i, t in enumerate(layer.tasks) if i not in layer.chosen for v in t)
     if run:
         groups.append((None, [sorted(run)], []))
-    return [_stage(graph, index, own, folded, workers) for index, own, folded in groups]
+    return [stage_plan(graph, index, own, folded, workers) for index, own, folded in groups]
 
 
-def _stage(graph: TfliteGraph, index: int | None, own: list[list[int]], folded: list[int], workers: int
+def stage_plan(graph: TfliteGraph, index: int | None, own: list[list[int]], folded: list[int], workers: int
            ) -> StagePlan:
     """Each sub-model: its ops and the folded ops it reads (all of them for the first, which also returns
     what later stages read of them); its outputs: what it makes that ops outside the stage or the model's
