@@ -85,6 +85,18 @@ def test_bad_inputs_say_what_to_run(planned, tmp_path):
     predicted["fleet"]["device_classes"]["coral-usb-emulated"].update(cpu="predicted", cores=2)
     with pytest.raises(PlanError, match="models another host"):
         plan_parallax(root, DEP, predicted)
+    # a device class whose memory cannot hold a point's sub-models: that point runs uncut, and the plan says so
+    small = json.loads(json.dumps(p))
+    small["fleet"]["device_classes"]["coral-usb-emulated"]["ram_bytes"] = 2 ** 20
+    copy = tmp_path / "small"
+    shutil.copytree(root, copy)
+    (m,) = plan_parallax(copy, DEP, small)[0].models
+    budget = int(2 ** 20 * (1 - p["parallax"]["margin"]))
+    arenas = {x.point: sum(s.estimated_arena_bytes for st in x.stages for s in st.submodels)
+              for x in planned[3].models[0].points}
+    over = sorted(k for k, v in arenas.items() if v > budget)
+    assert over and [x.point for x in m.points] == sorted(k for k in arenas if k not in over)
+    assert f"points {over} run uncut" in m.why and "exceed the class's budget 0.6 MiB" in m.why
     empty = tmp_path / "empty"
     shutil.copytree(root / "deployments", empty / "deployments")
     before = {f: f.read_bytes() for f in (empty / "deployments").rglob("*") if f.is_file()}

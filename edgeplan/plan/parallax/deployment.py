@@ -5,7 +5,9 @@ measured on this host for the int8 model and every point's suffix). W, the worke
 stage's ``workers`` when SwapLess gives the model at least that many cores in some regime (§3.3: W ≤ k_i); a
 model SwapLess never gives two cores runs every suffix uncut, and so does one whose cores fall between two and
 the stage's W (its layers were measured on W workers: re-run the stage with ``parallax.workers`` lowered).
-Every point whose suffix has a branch-parallel layer gets its stages; their sub-models are copied under
+Every point whose suffix has a branch-parallel layer gets its stages (unless their estimated arenas exceed the
+device class's budget, ``ram_bytes`` x (1 - ``parallax.margin``): then it runs uncut, and the plan says why);
+their sub-models are copied under
 ``deployments/<name>/parallax/<model>/p<k>/`` and named in the plan by sha256 and size. The stage is measured
 on this host, so only a class whose CPU is measured here (``cpu: measured``) gets a plan.
 
@@ -159,6 +161,11 @@ def _point(d: Path, record: dict, point: int, scratch: Path, rel: str) -> PointP
                      entry.get("whole_ms"), entry.get("plan_ms"), tuple(stages))
 
 
+def _arenas(point: PointPlan) -> int:
+    """The point's sub-models' estimated arenas, all built at once (as the runtime holds them)."""
+    return sum(s.estimated_arena_bytes for st in point.stages for s in st.submodels)
+
+
 def _offload_refused(params: dict, dc, models: int) -> str | None:
     """Why no suffix of this deployment gets Edge TPU regions ("": not asked for), or None: they may."""
     if not params["compile"].get("allow_multiple_subgraphs"):
@@ -253,6 +260,7 @@ def plan_parallax(root: Path, name: str, params: dict) -> tuple[ParallaxDeployme
     swapless = SwapLessPlan.load(swapless_path)
     offload_why = _offload_refused(params, dc, len(swapless.models))
     models, budget = [], 0
+    class_budget = int(dc.ram_bytes * (1 - float(params["parallax"]["margin"])))
     with staged_dir(out_dir / "parallax") as scratch:  # the previous plan's sub-models stay until this one is made
         for pm in swapless.models:
             d = Path(root) / pm.name / pm.version
@@ -288,8 +296,13 @@ def plan_parallax(root: Path, name: str, params: dict) -> tuple[ParallaxDeployme
                 why += f"; Edge TPU regions (EMULATED) inside the suffixes of points {sorted(offloaded)}"
             elif offload_why:
                 why += f"; no Edge TPU region inside a suffix: {offload_why}"
+            over = [x.point for x in points if _arenas(x) > class_budget]
+            if over:
+                points = [x for x in points if x.point not in over]
+                why += (f"; points {over} run uncut: their sub-models' estimated arenas exceed the class's budget "
+                        f"{class_budget / 2**20:.1f} MiB (ram_bytes x (1 - parallax.margin))")
             models.append(ModelParallaxPlan(pm.name, pm.version, workers, why, tuple(points)))
-    result = ParallaxDeploymentPlan(name, dc.name, budget, tuple(models))
+    result = ParallaxDeploymentPlan(name, dc.name, min(budget, class_budget), tuple(models))
     out = out_dir / PLAN_FILE
     result.save(out)
     return result, out
