@@ -8,8 +8,15 @@ does: where the int8 op pads SAME, the float window's pads along the axis are TF
 tile gives it (``ChainOp.pads``), so the tile's rows fall where ``simulate`` put them; a fixed pad (a ``Pad``
 node, a VALID window with explicit pads) is the same on a tile as on the tensor. The tiles then run in the
 tiling's order, each reading its input rows from what the groups before it computed (never from the whole model),
-and every row a tile keeps is compared with the whole float model's value of that tensor: 0 difference on the
-test models; up to rounding (``TOLERANCE``) where onnxruntime's convolution rounds a tile differently.
+and every row a tile keeps is compared with the whole float model's value of that tensor.
+
+onnxruntime's convolution is a GEMM (MLAS SGEMM) over the output positions N = rows x width, and MLAS blocks its
+sum over K = input channels x kernel by strides it picks from N and K (``sgemm_strides``): a tile of few rows
+(AlexNet's conv3 on 3-4 of its 13 rows, N <= 64) sums in other chunks than the whole tensor and rounds differently
+(up to 7e-6 here). So a tile's convolution whose N would be blocked otherwise than the whole tensor's gets zero
+rows appended to its input (``Pad``) until it is blocked the same, and its output cut back (``Slice``): the rows
+kept are the same sums in the same order, and equal the whole model's exactly (the rows added are dropped, and no
+kept row's window reaches them). ``TOLERANCE`` stays for what is left: rounding ``split`` accepts.
 
 Pipeline side (onnx, onnxruntime); nothing is written.
 """
@@ -32,11 +39,23 @@ from edgeplan.quantize.tflite_graph import TfliteGraph
 from edgeplan.surgery.spatial import ChainLayer, Group, Tiling
 
 DIMS = {1: "H", 2: "W"}  # the int8 (NHWC) axis -> the dimension
-# what a tiling may differ by, relative to the largest value compared: float rounding. onnxruntime's convolution
-# does not always round the same on a tile as on the whole tensor (AlexNet, 4 devices: conv3 on tiles of 3-6 of
-# its 13 rows differed by 2.9e-6 with values up to 11.3, at 1 thread and with no graph optimization too); a tile
-# misplaced by a row differs by the values themselves
+# what a tiling may differ by, relative to the largest value compared: float rounding (tiles are blocked as the
+# whole tensor is, see the module; a tile misplaced by a row differs by the values themselves)
 TOLERANCE = 1e-5
+
+
+def sgemm_strides(n: int, k: int) -> tuple[int, int]:
+    """onnxruntime's MLAS SGEMM blocking for an N-column, K-deep product (``MlasSgemmOperation``): its N and K
+    strides — the N stride widened while K is small, the K stride while N is (measured here: a 192 x 3 x 3
+    convolution 13 wide is exact to the whole tensor's from 5 rows, N = 65, and not below)."""
+    sn, sk = 128, 128
+    if n >= k:
+        while sk // 2 >= k:
+            sn, sk = sn * 2, sk // 2
+    else:
+        while sn > 16 and sn // 2 >= n:
+            sn, sk = sn // 2, sk * 2
+    return sn, sk
 
 
 @dataclass(frozen=True)
@@ -128,7 +147,53 @@ def tile_model(f: FloatRegion, t: Tiling, graph: TfliteGraph, g: Group) -> tuple
                                [helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, None) for x in outputs],
                                initializer=[view.initializers[x] for x in reads])
     m = view.model
-    return helper.make_model(graph_, opset_imports=list(m.opset_import), ir_version=m.ir_version), source, outputs
+    tile = helper.make_model(graph_, opset_imports=list(m.opset_import), ir_version=m.ir_version)
+    return blocked_as_whole(tile, view, dim), source, outputs
+
+
+def blocked_as_whole(tile: onnx.ModelProto, view: GraphView, dim: str) -> onnx.ModelProto:
+    """``tile`` with every convolution that MLAS would block otherwise than on the whole tensor padded with zero
+    rows (along ``dim``) until it is blocked the same, and its output cut back (see the module)."""
+    from onnx import numpy_helper
+
+    inferred = onnx.shape_inference.infer_shapes(tile).graph
+    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+              for vi in (*inferred.value_info, *inferred.output)}
+    axis, across = AXES[dim], AXES["W" if dim == "H" else "H"]
+    nodes, extra_inits = [], []
+    for node in tile.graph.node:
+        out = shapes.get(node.output[0]) if node.op_type == "Conv" else None
+        if not out or node.input[1] not in view.initializers:
+            nodes.append(node)
+            continue
+        k = int(np.prod(list(view.initializers[node.input[1]].dims)[1:]))
+        whole = view.shape(node.output[0])
+        want = sgemm_strides(whole[axis] * whole[across], k)
+        rows, width = out[axis], out[across]
+        more = next((r - rows for r in range(rows, whole[axis] + 1) if sgemm_strides(r * width, k) == want), 0)
+        if more == 0:
+            nodes.append(node)
+            continue
+        stride = list(attr(node, "strides", [1, 1]))[axis - 2]
+        pads = [0] * (2 * len(out))
+        pads[len(out) + axis] = more * stride
+        tag = f"{node.name or node.output[0]}__blocked"
+        extra_inits += [numpy_helper.from_array(np.array(pads, np.int64), f"{tag}_pads"),
+                        numpy_helper.from_array(np.array([0], np.int64), f"{tag}_start"),
+                        numpy_helper.from_array(np.array([rows], np.int64), f"{tag}_end"),
+                        numpy_helper.from_array(np.array([axis], np.int64), f"{tag}_axis")]
+        conv = onnx.NodeProto()
+        conv.CopyFrom(node)
+        conv.input[0], conv.output[0] = f"{tag}_in", f"{tag}_out"
+        nodes += [helper.make_node("Pad", [node.input[0], f"{tag}_pads"], [f"{tag}_in"], name=f"{tag}_pad"), conv,
+                  helper.make_node("Slice", [f"{tag}_out", f"{tag}_start", f"{tag}_end", f"{tag}_axis"],
+                                   [node.output[0]], name=f"{tag}_cut")]
+    if not extra_inits:
+        return tile
+    del tile.graph.node[:]
+    tile.graph.node.extend(nodes)
+    tile.graph.initializer.extend(extra_inits)
+    return tile
 
 
 def verify(path: Path, region: Region, t: Tiling, graph: TfliteGraph, *, samples: int = 2, seed: int = 0) -> dict:

@@ -166,3 +166,39 @@ def test_a_split_whose_float_tiles_are_misplaced_is_refused(chain_model, tmp_pat
     monkeypatch.setattr(spatial_float, "tile_pads", right)
     summary = spatial.split(d, plan, list(p.devices), tmp_path / "s", region=r)
     assert summary["verify"]["float_max_abs_diff"] == 0.0 and summary["verify"]["int8_identical_builtin"] == 1.0
+
+
+def test_short_conv_tiles_are_blocked_as_the_whole_tensor_and_exact():
+    """onnxruntime's convolution sums a tile of few rows (N = rows x width <= 64 here) in other chunks than the
+    whole tensor, so it rounds differently; ``blocked_as_whole`` pads such a tile's input with zero rows until
+    MLAS blocks it as the whole tensor, then cuts the output back: the rows kept are the whole model's exactly."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgeplan.graph.evaluate import session
+    from edgeplan.surgery.spatial_float import blocked_as_whole, sgemm_strides
+
+    rng = np.random.default_rng(0)
+    cin, width = 192, 13
+    w = numpy_helper.from_array((rng.standard_normal((384, cin, 3, 3)) * 0.05).astype(np.float32), "w")
+
+    def conv(h: int, pads: list[int]) -> onnx.ModelProto:
+        g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="c", kernel_shape=[3, 3], pads=pads)],
+                              "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, h, width])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+    whole_model = conv(13, [1, 1, 1, 1])
+    view = GraphView(onnx.shape_inference.infer_shapes(whole_model))
+    x = rng.standard_normal((1, cin, 13, width)).astype(np.float32)
+    whole = session(whole_model).run(None, {"x": x})[0]
+    assert sgemm_strides(13 * width, 9 * cin) != sgemm_strides(3 * width, 9 * cin)
+    differed = 0.0
+    for rows in range(1, 8):  # output rows [4, 4 + rows): input rows [3, 5 + rows), no pad along H
+        tile = conv(rows + 2, [0, 1, 0, 1])
+        part = x[:, :, 3:5 + rows]
+        differed = max(differed, float(np.abs(session(tile).run(None, {"x": part})[0] - whole[:, :, 4:4 + rows]).max()))
+        blocked = blocked_as_whole(conv(rows + 2, [0, 1, 0, 1]), view, "H")
+        padded = sgemm_strides(rows * width, 9 * cin) != sgemm_strides(13 * width, 9 * cin)
+        assert [n.op_type for n in blocked.graph.node] == (["Pad", "Conv", "Slice"] if padded else ["Conv"])
+        np.testing.assert_array_equal(session(blocked).run(None, {"x": part})[0], whole[:, :, 4:4 + rows])
+    assert differed > 0  # without the padding the short tiles do round differently
