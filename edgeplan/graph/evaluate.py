@@ -14,10 +14,10 @@ def tensor_values(model: onnx.ModelProto | Path, tensors: list[str], xs: np.ndar
     return {t: np.concatenate([r[t] for r in runs]) for t in tensors}
 
 
-def tensor_values_each(model: onnx.ModelProto | Path, tensors: list[str], xs: np.ndarray):
+def tensor_values_each(model: onnx.ModelProto | Path, tensors: list[str], xs: np.ndarray, threads: int = 0):
     """Per sample of ``xs``, the values of ``tensors`` (each with a batch axis of 1). ``model`` may be the path of
     an .onnx edgeplan wrote: its external data, if any, is then read by onnxruntime from the file (``session``'s
-    ``folder``), not held in this process twice."""
+    ``folder``), not held in this process twice. ``threads``: intra-op threads (0: onnxruntime's default)."""
     folder = None
     if isinstance(model, Path):
         from edgeplan.graph.model import load_stored
@@ -25,14 +25,14 @@ def tensor_values_each(model: onnx.ModelProto | Path, tensors: list[str], xs: np
         model, folder = load_stored(model), model.parent
     have = {o.name for o in model.graph.output}
     vis = {v.name: v for v in model.graph.value_info}
-    sess = session(model, outputs=[vis[t] for t in tensors if t not in have], folder=folder)
+    sess = session(model, outputs=[vis[t] for t in tensors if t not in have], folder=folder, threads=threads)
     names = [o.name for o in sess.get_outputs()]
     wanted = set(tensors)
     for x in xs:
         yield {n: v for n, v in zip(names, sess.run(None, {model.graph.input[0].name: x[None]})) if n in wanted}
 
 
-def session(model: onnx.ModelProto, min_bytes: int = 1024, outputs=(), folder: Path | None = None
+def session(model: onnx.ModelProto, min_bytes: int = 1024, outputs=(), folder: Path | None = None, threads: int = 0
             ) -> ort.InferenceSession:
     """An onnxruntime session of ``model`` (left as it is), with ``outputs`` (value infos) added to its outputs,
     whose weights of ``min_bytes`` or more go to onnxruntime as arrays, not inside the serialized model: the model
@@ -62,6 +62,7 @@ def session(model: onnx.ModelProto, min_bytes: int = 1024, outputs=(), folder: P
         values.append(ort.OrtValue.ortvalue_from_numpy(a))
         light.graph.initializer.append(external_stub(init, "in-memory", 0, a.nbytes))
     options = session_options()
+    options.intra_op_num_threads = threads
     if folder is not None:
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
         if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):

@@ -504,10 +504,9 @@ def split(root: Path, plan: list[tuple[Interval, ...]], devices: list[Device], o
     platform device in ``devices`` (the order of the plan's partitions; the first is the head). ``plan`` is per
     layer of the chain region, or, given ``paths`` (``plan/spatial/paths``), per layer of that multi-path region
     (``surgery/spatial_paths``). Verified first in process — the tiles as the ranks run them identical to the whole
-    int8 model with both kernel sets, and, given the float ``region`` the plan was made on (``plan/spatial/blocks``),
-    the float tiles equal to the whole float model up to rounding (``surgery/spatial_float.TOLERANCE``; not yet
-    made for a multi-path plan) — and nothing is written when they are not. Returns spatial.json's content
-    (``extra`` merged in)."""
+    int8 model with both kernel sets, and, given the float ``region`` the plan was made on (``plan/spatial/blocks``)
+    or ``paths``, the float tiles equal to the whole float model up to rounding (``surgery/spatial_float.TOLERANCE``)
+    — and nothing is written when they are not. Returns spatial.json's content (``extra`` merged in)."""
     t0 = time.perf_counter()
     int8 = (Path(root) / "model_int8.tflite").read_bytes()
     graph = TfliteGraph(int8)
@@ -526,10 +525,11 @@ def split(root: Path, plan: list[tuple[Interval, ...]], devices: list[Device], o
     check = verify(table, blob, int8, samples=samples, seed=seed)
     if min(check.values()) < 1.0:
         raise PlanError(f"the tiles do not give the int8 model's outputs ({check}); nothing written to {out}")
-    if region is not None and paths is None:
+    if region is not None or paths is not None:
         from edgeplan.surgery import spatial_float
 
-        floats = spatial_float.verify(Path(root) / "model.onnx", region, t, graph, samples=samples, seed=seed)
+        floats = spatial_float.verify(Path(root) / "model.onnx", paths if paths is not None else region, t, graph,
+                                      samples=samples, seed=seed)
         if floats["float_max_abs_diff"] > spatial_float.TOLERANCE * floats["float_max_abs_value"]:
             raise PlanError(f"the float tiles differ from the whole float model by up to "
                             f"{floats['float_max_abs_diff']:.3g} (values up to {floats['float_max_abs_value']:.3g}): "

@@ -1,9 +1,10 @@
 """Float ONNX tiles of an ADaPS tiling (issue 16, item 6): the verification that the float model, cut the way the
 int8 tiles are cut, gives the whole float model's values exactly.
 
-Each group of ``surgery/spatial.tiling`` (a device's consecutive layers, its input rows, the rows it gets right)
-becomes a sub-model of the canonical float ONNX: the region's nodes of those layers (``plan/spatial/blocks``, layer
-for layer the int8 chain's), its input the tile's rows of the tensor before them. A tile pads as the int8 tile
+Each group of ``surgery/spatial.tiling`` or ``surgery/spatial_paths.tiling`` (a device's consecutive layers, its
+input rows, the rows it gets right) becomes a sub-model of the canonical float ONNX: the region's nodes of those
+layers (``plan/spatial/blocks`` or ``paths``, layer for layer the int8 tiling's), its inputs the tile's rows of
+the tensors its first layer reads (one, or a merge's several). A tile pads as the int8 tile
 does: where the int8 op pads SAME, the float window's pads along the axis are TF's SAME pads for the height the
 tile gives it (``ChainOp.pads``), so the tile's rows fall where ``simulate`` put them; a fixed pad (a ``Pad``
 node, a VALID window with explicit pads) is the same on a tile as on the tensor. The tiles then run in the
@@ -16,7 +17,10 @@ sum over K = input channels x kernel by strides it picks from N and K (``sgemm_s
 (up to 7e-6 here). So a tile's convolution whose N would be blocked otherwise than the whole tensor's gets zero
 rows appended to its input (``Pad``) until it is blocked the same, and its output cut back (``Slice``): the rows
 kept are the same sums in the same order, and equal the whole model's exactly (the rows added are dropped, and no
-kept row's window reaches them). ``TOLERANCE`` stays for what is left: rounding ``split`` accepts.
+kept row's window reaches them). With several intra-op threads MLAS also splits a convolution's N into one
+segment per thread, each blocked by its own size (a tiny_cnn tile differed by 2.4e-6 at 2 threads, 0 at 1): the
+tiles and the whole model run on one thread (``THREADS``). ``TOLERANCE`` stays for what is left: rounding
+``split`` accepts.
 
 Pipeline side (onnx, onnxruntime); nothing is written.
 """
@@ -35,13 +39,16 @@ from edgeplan.graph.costs import attr
 from edgeplan.graph.model import GraphView
 from edgeplan.plan.spatial.blocks import AXES, Region, window
 from edgeplan.plan.spatial.ops import TYPE1, onnx_type, tflite_type
+from edgeplan.plan.spatial.paths import Paths
 from edgeplan.quantize.tflite_graph import TfliteGraph
 from edgeplan.surgery.spatial import ChainLayer, Group, Tiling
+from edgeplan.surgery.spatial_paths import PathGroup, PathTiling
 
 DIMS = {1: "H", 2: "W"}  # the int8 (NHWC) axis -> the dimension
 # what a tiling may differ by, relative to the largest value compared: float rounding (tiles are blocked as the
 # whole tensor is, see the module; a tile misplaced by a row differs by the values themselves)
 TOLERANCE = 1e-5
+THREADS = 1  # onnxruntime intra-op threads of the tiles and the whole model (see the module)
 
 
 def sgemm_strides(n: int, k: int) -> tuple[int, int]:
@@ -59,38 +66,51 @@ def sgemm_strides(n: int, k: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class FloatRegion:
-    """The float model's region (``blocks.region``), indexed once: its nodes by name, each layer's output."""
+class FloatLayers:
+    """The float model's partitioned layers, indexed once: per layer the ONNX nodes it runs, the computed tensors it
+    reads (the model's input or other layers' outputs) and the tensor it outputs. Of a chain region
+    (``blocks.region``: each layer reads the one before) or of a multi-path one (``paths.analyse``: a merge reads
+    several)."""
 
     view: GraphView
-    region: Region
+    nodes: tuple[tuple[str, ...], ...]
+    reads: tuple[tuple[str, ...], ...]
+    outputs: tuple[str, ...]
+
+    @classmethod
+    def of(cls, view: GraphView, layers: Region | Paths) -> FloatLayers:
+        if isinstance(layers, Paths):
+            return cls(view, tuple(x.nodes for x in layers.layers), tuple(x.inputs for x in layers.layers),
+                       tuple(x.output for x in layers.layers))
+        named = {n.name: n for n in view.graph.node}
+        outputs = tuple(named[nodes[-1]].output[0] for nodes in layers.nodes)
+        return cls(view, layers.nodes, ((view.input.name,), *((o,) for o in outputs[:-1])), outputs)
 
     @cached_property
     def named(self) -> dict[str, onnx.NodeProto]:
         return {n.name: n for n in self.view.graph.node}
 
-    @cached_property
-    def outputs(self) -> list[str]:
-        """Per layer, the tensor it outputs (its last node's)."""
-        return [self.named[nodes[-1]].output[0] for nodes in self.region.nodes]
-
-    def before(self, k: int) -> str:
-        """The tensor layer ``k`` reads."""
-        return self.view.input.name if k == 0 else self.outputs[k - 1]
-
     def windowed(self, k: int) -> onnx.NodeProto | None:
         """The Type 1 node of layer ``k`` (None for a leading layer of Type 2 ops)."""
-        return next((self.named[n] for n in self.region.nodes[k] if onnx_type(self.named[n].op_type) == TYPE1),
-                    None)
+        return next((self.named[n] for n in self.nodes[k] if onnx_type(self.named[n].op_type) == TYPE1), None)
 
 
-def tile_pads(graph: TfliteGraph, layers: tuple[ChainLayer, ...], g: Group) -> dict[int, tuple[int, int]]:
-    """Per layer of the group whose int8 window pads SAME: the pads (before, after) the tile gives it along the
-    axis, from the height the tile has there."""
-    h = g.tile.rows[1] - g.tile.rows[0]
+def layer_ids(g: Group | PathGroup) -> list[int]:
+    """The tiling's layers a group runs, in order."""
+    return list(g.layers) if isinstance(g, PathGroup) else list(range(g.first, g.last + 1))
+
+
+def chains(t: Tiling | PathTiling) -> list[ChainLayer]:
+    """Per layer of the tiling, its int8 ops."""
+    return [x.chain for x in t.layers] if isinstance(t, PathTiling) else list(t.layers)
+
+
+def tile_pads(graph: TfliteGraph, layers: list[ChainLayer], h: int) -> dict[int, tuple[int, int]]:
+    """Per layer (position in ``layers``, a group's, from a tile ``h`` rows high) whose int8 window pads SAME: the
+    pads (before, after) the tile gives it along the axis, from the height the tile has there."""
     out = {}
-    for k in range(g.first, g.last + 1):
-        for c in layers[k].ops:
+    for k, layer in enumerate(layers):
+        for c in layer.ops:
             if c.same and tflite_type(graph.ops[c.op].name) == TYPE1:
                 out[k] = c.pads(h)
             h = c.out(h)
@@ -117,38 +137,43 @@ def _rewritten(node: onnx.NodeProto, view: GraphView, dim: str, pads: tuple[int,
     return copy
 
 
-def tile_model(f: FloatRegion, t: Tiling, graph: TfliteGraph, g: Group) -> tuple[onnx.ModelProto, str, list[str]]:
-    """The group's float tile: (model, its input, its outputs — the tensors of the layers the group outputs, in
-    layer order). Its initializers are the model's own (external data stays where the model keeps it)."""
-    view, region = f.view, f.region
+def tile_model(f: FloatLayers, t: Tiling | PathTiling, graph: TfliteGraph, g: Group | PathGroup
+               ) -> tuple[onnx.ModelProto, tuple[str, ...], list[str]]:
+    """The group's float tile: (model, its inputs — the tensors its first layer reads, each the tile's rows —, its
+    outputs — the tensors of the layers the group outputs, in layer order). Its initializers are the model's own
+    (external data stays where the model keeps it)."""
+    view = f.view
     dim = DIMS[t.axis]
-    pads = tile_pads(graph, t.layers, g)
+    ids, every = layer_ids(g), chains(t)
+    pads = tile_pads(graph, [every[k] for k in ids], g.tile.rows[1] - g.tile.rows[0])
     nodes = []
-    for k in range(g.first, g.last + 1):
+    for pos, k in enumerate(ids):
         windowed = f.windowed(k)
-        c = t.layers[k]
+        c = every[k]
         if windowed is not None:
             w = window(windowed, view, dim)
             if (w.kernel, w.stride) != (c.kernel, c.stride):
                 raise PlanError(f"layer {k}: float {windowed.op_type} {windowed.name!r} has kernel {w.kernel} "
                                 f"stride {w.stride} along {dim}, the int8 layer {c.kernel} and {c.stride}")
-        elif k in pads:
-            raise PlanError(f"layer {k}: the int8 layer has a window, the float one (nodes {region.nodes[k]}) none")
-        for name in region.nodes[k]:
+        elif pos in pads:
+            raise PlanError(f"layer {k}: the int8 layer has a window, the float one (nodes {f.nodes[k]}) none")
+        for name in f.nodes[k]:
             node = f.named[name]
-            nodes.append(_rewritten(node, view, dim, pads[k]) if node is windowed and k in pads else node)
-    source = f.before(g.first)
+            nodes.append(_rewritten(node, view, dim, pads[pos]) if node is windowed and pos in pads else node)
+    sources = f.reads[ids[0]]
     outputs = [f.outputs[k] for k in sorted(g.outputs)]
-    shape = list(view.shape(source))
-    shape[AXES[dim]] = g.tile.rows[1] - g.tile.rows[0]
+    inputs = []
+    for source in sources:
+        shape = list(view.shape(source))
+        shape[AXES[dim]] = g.tile.rows[1] - g.tile.rows[0]
+        inputs.append(helper.make_tensor_value_info(source, onnx.TensorProto.FLOAT, shape))
     reads = dict.fromkeys(x for n in nodes for x in n.input if x in view.initializers)
-    graph_ = helper.make_graph(nodes, f"tile{g.index}",
-                               [helper.make_tensor_value_info(source, onnx.TensorProto.FLOAT, shape)],
+    graph_ = helper.make_graph(nodes, f"tile{g.index}", inputs,
                                [helper.make_tensor_value_info(x, onnx.TensorProto.FLOAT, None) for x in outputs],
                                initializer=[view.initializers[x] for x in reads])
     m = view.model
     tile = helper.make_model(graph_, opset_imports=list(m.opset_import), ir_version=m.ir_version)
-    return blocked_as_whole(tile, view, dim), source, outputs
+    return blocked_as_whole(tile, view, dim), sources, outputs
 
 
 def blocked_as_whole(tile: onnx.ModelProto, view: GraphView, dim: str) -> onnx.ModelProto:
@@ -196,37 +221,42 @@ def blocked_as_whole(tile: onnx.ModelProto, view: GraphView, dim: str) -> onnx.M
     return tile
 
 
-def verify(path: Path, region: Region, t: Tiling, graph: TfliteGraph, *, samples: int = 2, seed: int = 0) -> dict:
+def verify(path: Path, layers: Region | Paths, t: Tiling | PathTiling, graph: TfliteGraph, *, samples: int = 2,
+           seed: int = 0) -> dict:
     """The float tiles of the model at ``path`` (model.onnx, its external data read by onnxruntime from beside
     it) run in the tiling's order on seeded inputs in [-1, 1], each from the rows the groups before it computed:
     the largest |difference| of any row a tile keeps from the whole float model's value (``float_max_abs_diff``),
-    and how many values were compared."""
+    and how many values were compared. ``layers``: the float region the plan was made on, a chain
+    (``blocks.region``, with a ``spatial.tiling``) or multi-path (``paths.analyse``, with a
+    ``spatial_paths.tiling``)."""
     from edgeplan.graph.evaluate import session, tensor_values_each
     from edgeplan.graph.model import load_stored
 
     path = Path(path)
     view = GraphView(load_stored(path))
-    f = FloatRegion(view, region)
-    if len(region.layers) != len(t.layers):
-        raise PlanError(f"the float region has {len(region.layers)} layers, the int8 tiling {len(t.layers)}")
+    f = FloatLayers.of(view, layers)
+    if len(f.nodes) != len(t.layers):
+        raise PlanError(f"the float region has {len(f.nodes)} layers, the int8 tiling {len(t.layers)}")
     axis = AXES[DIMS[t.axis]]
     tiles = [(g, *tile_model(f, t, graph, g)) for g in t.groups]
-    sessions = [session(m, folder=path.parent) for _, m, _, _ in tiles]
+    sessions = [session(m, folder=path.parent, threads=THREADS) for _, m, _, _ in tiles]
     kept = sorted({f.outputs[k] for g in t.groups for k in g.outputs})
     rng = np.random.default_rng(seed)
     xs = rng.uniform(-1, 1, (samples, *view.shape(view.input.name)[1:])).astype(np.float32)
     worst, compared, scale = 0.0, 0, 0.0
     by_layer: dict[int, float] = {}
-    for x, whole in zip(xs, tensor_values_each(path, kept, xs)):
+    for x, whole in zip(xs, tensor_values_each(path, kept, xs, threads=THREADS)):
         rows: dict[str, np.ndarray] = {view.input.name: x[None]}
         have: dict[str, np.ndarray] = {view.input.name: np.ones(x.shape[axis - 1], bool)}
-        for (g, _, source, outputs), sess in zip(tiles, sessions):
+        for (g, _, sources, outputs), sess in zip(tiles, sessions):
             a, b = g.tile.rows
-            if source not in have or not have[source][a:b].all():
-                raise PlanError(f"tile {g.index} reads rows [{a}, {b}) of {source!r}, not all computed before it")
-            got = sess.run(outputs, {source: np.take(rows[source], range(a, b), axis=axis)})
+            for source in sources:
+                if source not in have or not have[source][a:b].all():
+                    raise PlanError(f"tile {g.index} reads rows [{a}, {b}) of {source!r}, not all computed before it")
+            got = sess.run(outputs, {source: np.take(rows[source], range(a, b), axis=axis) for source in sources})
+            ids = layer_ids(g)
             for k, name, value in zip(sorted(g.outputs), outputs, got):
-                off, (s, e) = g.tile.offsets[k - g.first], g.tile.valid[k - g.first]
+                off, (s, e) = g.tile.offsets[ids.index(k)], g.tile.valid[ids.index(k)]
                 part = np.take(value, range(s - off, e - off), axis=axis)
                 want = np.take(whole[name], range(s, e), axis=axis)
                 if part.shape != want.shape:

@@ -27,7 +27,8 @@ def models(compiled):
     out = {}
     for name in ("tiny_cnn", "mobilenetv2_0.35_96"):
         d, _, _ = compiled(name)
-        out[name] = (GraphView(onnx.load(str(d / "model.onnx"))), TfliteGraph((d / "model_int8.tflite").read_bytes()))
+        out[name] = (GraphView(onnx.load(str(d / "model.onnx"))), TfliteGraph((d / "model_int8.tflite").read_bytes()),
+                     d / "model.onnx")
     return out
 
 
@@ -39,14 +40,14 @@ def _check(graph: TfliteGraph, paths, plan, dim: str) -> tuple[sp.PathTiling, di
 
 
 def test_the_int8_region_is_the_float_one_layer_for_layer(models):
-    for view, graph in models.values():
+    for view, graph, _ in models.values():
         paths = analyse(view, "H")
         found = sp.int8_layers(graph, 1)
         hits = sp.match(paths, found, graph, 1)
         assert len(found) == len(paths.layers) and sorted(hits) == list(range(len(found)))
         for f, j in zip(paths.layers, hits):
             assert (found[j].chain.kernel, found[j].chain.stride) == (f.layer.window.kernel, f.layer.window.stride)
-    view, graph = models["mobilenetv2_0.35_96"]
+    view, graph, _ = models["mobilenetv2_0.35_96"]
     paths = analyse(view, "H")
     assert len(paths.blocks) == 21 and sum(len(x.inputs) > 1 for x in paths.layers) == 10
 
@@ -55,11 +56,18 @@ def test_the_int8_region_is_the_float_one_layer_for_layer(models):
                                              ("mobilenetv2_0.35_96", "H", 2, 3), ("mobilenetv2_0.35_96", "W", 3, 4),
                                              ("mobilenetv2_0.35_96", "H", 3, 5)])  # (its last maps: 3 rows)
 def test_random_plans_give_the_int8_models_bits(models, name, dim, n, seed):
-    view, graph = models[name]
+    """... and the float tiles, cut the same way (a merge's tile reading the same rows of both its inputs), the
+    whole float model's values exactly."""
+    from edgeplan.surgery import spatial_float
+
+    view, graph, onnx_path = models[name]
     paths = analyse(view, dim)
     plan = random_plan([x.layer.out_size for x in paths.layers], n, np.random.default_rng(seed))
     t, check = _check(graph, paths, plan, dim)
     assert check == {"int8_identical_builtin": 1.0, "int8_identical_xnnpack": 1.0}
+    floats = spatial_float.verify(onnx_path, paths, t, graph, samples=2, seed=seed)
+    assert floats["float_max_abs_diff"] == 0.0 and floats["float_values_compared"] > 0
+    assert sorted(floats["float_max_abs_diff_by_layer"]) == sorted({k for g in t.groups for k in g.outputs})
     merges = [g for g in t.groups if len(t.layers[g.layers[0]].inputs) > 1]
     assert (len(merges) >= n) if name == "mobilenetv2_0.35_96" else merges  # every device runs merges
     assert len(t.gathered) == 1 and t.suffix
@@ -67,7 +75,7 @@ def test_random_plans_give_the_int8_models_bits(models, name, dim, n, seed):
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_searched_plan_gives_the_int8_models_bits(models, n):
-    view, graph = models["mobilenetv2_0.35_96"]
+    view, graph, _ = models["mobilenetv2_0.35_96"]
     paths = analyse(view, "H")
     devices = tuple(Device(f"d{i}", (4 + 5 * i) * 1e-12, 1.25e6, 1e-4) for i in range(n))
     plan = search_paths(paths, devices, 0.15)
@@ -76,7 +84,7 @@ def test_a_searched_plan_gives_the_int8_models_bits(models, n):
 
 
 def test_a_float_layer_the_int8_model_lacks_is_named(models):
-    view, graph = models["tiny_cnn"]
+    view, graph, _ = models["tiny_cnn"]
     paths = analyse(view, "H")
     x = paths.layers[2]
     wrong = dataclasses.replace(x, layer=dataclasses.replace(

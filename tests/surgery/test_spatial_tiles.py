@@ -137,7 +137,7 @@ def test_float_tiles_give_the_whole_float_models_values_exactly(chain_model, axi
     check = spatial_float.verify(d / "model.onnx", r, t, graph, samples=2, seed=seed)
 
     def row(k: int) -> int:  # values in a row of layer k's output (NCHW, the axis one further on than NHWC's)
-        shape = view.shape(spatial_float.FloatRegion(view, r).outputs[k])
+        shape = view.shape(spatial_float.FloatLayers.of(view, r).outputs[k])
         return int(np.prod(shape)) // shape[axis + 1]
 
     # every value of every row a group keeps, over both samples

@@ -7,8 +7,8 @@ under the class's ``cpu_quota`` when it has one), BW_d the class's ``net_bytes_p
 ``search.search_network``) runs along each of the dimensions asked at the threshold asked, over the chain region
 (``blocks.region``) or, where path analysis finds a larger multi-path one (``paths``: a residual network), over its
 sub-blocks (``paths.search_paths``); the dimension whose plan scores best is cut into int8 tiles
-(``surgery/spatial.split``: verified identical to the int8 model with both kernel sets, and for a chain its float
-tiles equal to the float model — not yet made for a multi-path plan — before anything is written) under
+(``surgery/spatial.split``: verified identical to the int8 model with both kernel sets, and its float tiles equal
+to the float model, before anything is written) under
 ``deployments/<name>/spatial/``, and ``plans/spatial.json`` records the devices and their speeds, each
 dimension's score and search counters, the plan and its tiles.
 """
@@ -107,7 +107,7 @@ def plan_spatial(root: Path, name: str, params: dict, threshold: float | None = 
             (out_dir / SPLIT_DIR / "tables.json").read_bytes()).hexdigest(), "stages": summary["stages"],
                   "bytes_per_frame": summary["bytes"],
                   "identical": {k: v for k, v in summary["verify"].items() if k.startswith("int8_")},
-                  "float_max_abs_diff": summary["verify"].get("float_max_abs_diff")},  # None: not made
+                  "float_max_abs_diff": summary["verify"]["float_max_abs_diff"]},
     }
     out = out_dir / PLAN_FILE
     write_json_atomic(out, record)
