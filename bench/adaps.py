@@ -42,9 +42,10 @@ The first layer's input is scored as sent by the head (the scatter; ``cost.sourc
 partition up to their flatten; MobileNetV2 stops at its first residual branch and InceptionV3 at its first
 branch (their chain regions; ``regions``). Path analysis (§4.2, ``plan/spatial/paths``) takes both further
 (``regions.<net>.paths``: layers, sub-blocks, merges, the tensors gathered), and ``path_tiles`` plans those
-multi-path regions at 2 and 4 devices (10 Mbit/s), cuts them into int8 tiles and verifies them in process with
-both kernel sets (counted in ``int8_identical``) and their float tiles against the float model (counted in
-``max_abs_diff``); they are not run as MPI ranks here, nor compared with the baselines (which partition chains).
+multi-path regions at 2 and 4 devices (10 Mbit/s) with ADaPS and both baselines (sub-block by sub-block), cuts
+them into int8 tiles and float tiles, verifies both in process and runs them as MPI ranks on EMULATED hosts,
+interleaved (counted in ``int8_identical`` and ``max_abs_diff``; latency and bytes against EdgeFlow-like reported
+without target).
 """
 from __future__ import annotations
 
@@ -160,12 +161,9 @@ def path_figures(view: GraphView) -> dict:
 
 def path_tiles(speeds: dict) -> dict:
     """MobileNetV2's and InceptionV3's multi-path regions (path analysis) planned sub-block by sub-block at 2 and 4
-    devices (10 Mbit/s), cut into int8 tiles and verified in process against the whole int8 model with both kernel
-    sets, and their float tiles against the float model (``spatial.split``); planned score, search time and the
-    bytes per frame the tables move."""
-    from edgeplan.plan.multidevice import spec
-    from edgeplan.surgery import spatial
-
+    devices (10 Mbit/s) by ADaPS and both baselines (each sub-block a chain, ``baselines.*_paths``), cut into int8
+    tiles verified in process (both kernel sets) and float tiles verified against the float model
+    (``spatial.split``), then run as MPI ranks on EMULATED hosts as ``execution`` runs the chain plans."""
     cells = {}
     for net in ("MobileNetV2", "InceptionV3"):
         zoo, thr = NETWORKS[net]
@@ -173,15 +171,14 @@ def path_tiles(speeds: dict) -> dict:
         p = paths.analyse(GraphView(onnx.load(str(art / "model.onnx"), load_external_data=False)), "H")
         for n in (2, 4):
             key = f"{net}/{n}dev/10M"
-            plan = paths.search_paths(p, devices_for(n, speeds, LINKS["10M"]), thr)
-            platform = spec.parse_text("".join(f"dev{i}, cpu, slots=0, host=localhost\n" for i in range(n)), "platform")
-            info = spatial.split(art, list(plan.partitions), list(platform.devices),
-                                 WORK / "splits" / key.replace("/", "-") / "paths", paths=p)
-            cells[key] = {"layers": len(p.layers), "sub_blocks": len(p.blocks), "score_s": plan.score,
-                          "search_s": plan.seconds, "stages": info["stages"], "bytes_per_frame": info["bytes"],
-                          **info["verify"]}
-            log(f"{key} multi-path: {len(p.layers)} layers in {len(p.blocks)} sub-blocks, searched in "
-                f"{plan.seconds:.1f} s, {info['stages']} stages, identical {info['verify']}")
+            devices = devices_for(n, speeds, LINKS["10M"])
+            plans = {"adaps": paths.search_paths(p, devices, thr), "edgeflow": baselines.edgeflow_paths(p, devices, thr),
+                     "bbgrap": baselines.bbgrap_paths(p, devices)}
+            cell = run_plans(key, art, plans, devices, paths=p)
+            cell.update(layers=len(p.layers), sub_blocks=len(p.blocks))
+            cells[key] = cell
+            log(f"{key} multi-path: {len(p.layers)} layers in {len(p.blocks)} sub-blocks, ADaPS searched in "
+                f"{plans['adaps'].seconds:.1f} s, {cell['adaps']['stages']} stages")
     return cells
 
 
@@ -239,69 +236,77 @@ def _launch(split: Path, frames: int, state: dict) -> dict:
 def execution(speeds: dict) -> dict:
     """Plans of ADaPS and both baselines split into int8 tiles and run as MPI ranks on EMULATED hosts (network
     namespaces, cpu cgroups at the classes' quotas, tbf links), interleaved; see the module docstring."""
-    from edgeplan.distributed import emulate
-    from edgeplan.plan.multidevice import spec
-    from edgeplan.surgery import spatial
-
     cells = {}
     for net, (zoo, thr) in RUN_NETWORKS.items():
         art = compiled(WORK, zoo, log)
-        graph = TfliteGraph((art / "model_int8.tflite").read_bytes())
         float_region = region(GraphView(onnx.load(str(art / "model.onnx"), load_external_data=False)), "H")
         layers = list(float_region.layers)
-        xs, want = int8_frames(graph, FRAMES, seed=7)
         for n in (2, 4):
             for link, bw in LINKS.items():
                 key = f"{net}/{n}dev/{link}"
                 devices = devices_for(n, speeds, bw)
-                costs = search.costs_of(layers, devices)
                 plans = {"adaps": search.search_network(layers, devices, thr),
                          "edgeflow": baselines.edgeflow(layers, devices, thr), "bbgrap": baselines.bbgrap(layers, devices)}
-                classes = [d.name.rsplit("-", 1)[0] for d in devices]
-                text = "".join(f"dev{i}, cpu, slots=0, net={bw:g}, quota={QUOTAS[c]:g}\n" for i, c in enumerate(classes))
-                hosts = emulate.up(EMULATED, spec.parse_text(text, "platform"))
-                try:
-                    state = emulate.load(EMULATED)
-                    splits, runs = {}, {k: [] for k in plans}
-                    for k, p in plans.items():
-                        out = WORK / "splits" / key.replace("/", "-") / k
-                        info = spatial.split(art, list(p.partitions), list(hosts.devices), out, region=float_region)
-                        np.save(out / "x.npy", xs)
-                        one = _launch(out, 1, state)  # the launch's own traffic (daemons, wire-up), one frame
-                        splits[k] = {"verify": info["verify"], "bytes_per_frame": info["bytes"],
-                                     "stages": info["stages"], "one_frame": one}
-                    for _ in range(ROUNDS):  # interleaved: each round runs every plan once
-                        for k in plans:
-                            runs[k].append(_launch(WORK / "splits" / key.replace("/", "-") / k, FRAMES, state))
-                finally:
-                    emulate.down(EMULATED)
-                cell = {}
+                cell = run_plans(key, art, plans, devices, region=float_region)
+                costs = search.costs_of(layers, devices)
                 for k, p in plans.items():
-                    lat = [b - a for r in runs[k] for a, b in zip(r["summary"]["frame_done_s"],
-                                                                   r["summary"]["frame_done_s"][1:])]
-                    got = [np.load(WORK / "splits" / key.replace("/", "-") / k / "y.npy")]
-                    one = splits[k]["one_frame"]
-                    wire = float(np.median([(r["wire_bytes"] - one["wire_bytes"]) / (FRAMES - 1) for r in runs[k]]))
-                    app = float(np.median([(r["app_bytes"] - one["app_bytes"]) / (FRAMES - 1) for r in runs[k]]))
-                    cell[k] = {"latency_s": float(np.median(lat)), "latencies": len(lat),
-                               "score_s": p.score, "planned_region_bytes": network_bytes(costs, list(p.partitions)),
-                               "app_bytes_per_frame": app, "wire_bytes_per_frame": wire,
-                               "wire_over_app": wire / app if app else None,
-                               "int8_identical_mpi": float(np.mean([np.array_equal(a, b) for a, b in
-                                                                    zip(got[0], want)])),
-                               **splits[k]["verify"], "bytes_by_kind": splits[k]["bytes_per_frame"],
-                               "stages": splits[k]["stages"]}
-                for k in ("adaps", "bbgrap"):
-                    cell[f"{k}_over_edgeflow"] = {
-                        "latency": cell[k]["latency_s"] / cell["edgeflow"]["latency_s"],
-                        "app_bytes": cell[k]["app_bytes_per_frame"] / cell["edgeflow"]["app_bytes_per_frame"],
-                        "wire_bytes": cell[k]["wire_bytes_per_frame"] / cell["edgeflow"]["wire_bytes_per_frame"]}
+                    cell[k]["planned_region_bytes"] = network_bytes(costs, list(p.partitions))
                 cells[key] = cell
-                log(f"{key}: latency ADaPS {1e3 * cell['adaps']['latency_s']:.0f} ms, EdgeFlow-like "
-                    f"{1e3 * cell['edgeflow']['latency_s']:.0f} ms, BBGraP-like {1e3 * cell['bbgrap']['latency_s']:.0f} "
-                    f"ms; bytes ADaPS/EdgeFlow-like {cell['adaps_over_edgeflow']['app_bytes']:.2f} (wire "
-                    f"{cell['adaps_over_edgeflow']['wire_bytes']:.2f})")
     return cells
+
+
+def run_plans(key: str, art: Path, plans: dict, devices: tuple[Device, ...], **split: object) -> dict:
+    """Each plan split (``spatial.split`` with ``split``: the float region or the paths) onto EMULATED hosts like
+    ``devices`` (their classes' quotas, their link), then run as MPI ranks, the plans interleaved: per plan the
+    median latency, application and wire bytes per frame, outputs against the whole int8 model, the split's
+    checks; and ADaPS's and BBGraP-like's over EdgeFlow-like's."""
+    from edgeplan.distributed import emulate
+    from edgeplan.plan.multidevice import spec
+    from edgeplan.surgery import spatial
+
+    graph = TfliteGraph((art / "model_int8.tflite").read_bytes())
+    xs, want = int8_frames(graph, FRAMES, seed=7)
+    text = "".join(f"dev{i}, cpu, slots=0, net={d.bytes_per_s:g}, quota={QUOTAS[d.name.rsplit('-', 1)[0]]:g}\n"
+                   for i, d in enumerate(devices))
+    hosts = emulate.up(EMULATED, spec.parse_text(text, "platform"))
+    try:
+        state = emulate.load(EMULATED)
+        splits, runs = {}, {k: [] for k in plans}
+        for k, p in plans.items():
+            out = WORK / "splits" / key.replace("/", "-") / k
+            info = spatial.split(art, list(p.partitions), list(hosts.devices), out, **split)
+            np.save(out / "x.npy", xs)
+            one = _launch(out, 1, state)  # the launch's own traffic (daemons, wire-up), one frame
+            splits[k] = {"verify": info["verify"], "bytes_per_frame": info["bytes"], "stages": info["stages"],
+                         "one_frame": one}
+        for _ in range(ROUNDS):  # interleaved: each round runs every plan once
+            for k in plans:
+                runs[k].append(_launch(WORK / "splits" / key.replace("/", "-") / k, FRAMES, state))
+    finally:
+        emulate.down(EMULATED)
+    cell = {}
+    for k, p in plans.items():
+        lat = [b - a for r in runs[k] for a, b in zip(r["summary"]["frame_done_s"], r["summary"]["frame_done_s"][1:])]
+        got = np.load(WORK / "splits" / key.replace("/", "-") / k / "y.npy")
+        one = splits[k]["one_frame"]
+        wire = float(np.median([(r["wire_bytes"] - one["wire_bytes"]) / (FRAMES - 1) for r in runs[k]]))
+        app = float(np.median([(r["app_bytes"] - one["app_bytes"]) / (FRAMES - 1) for r in runs[k]]))
+        cell[k] = {"latency_s": float(np.median(lat)), "latencies": len(lat), "score_s": p.score,
+                   "search_s": p.seconds, "app_bytes_per_frame": app, "wire_bytes_per_frame": wire,
+                   "wire_over_app": wire / app if app else None,
+                   "int8_identical_mpi": float(np.mean([np.array_equal(a, b) for a, b in zip(got, want)])),
+                   **splits[k]["verify"], "bytes_by_kind": splits[k]["bytes_per_frame"], "stages": splits[k]["stages"]}
+    for k in ("adaps", "bbgrap"):
+        cell[f"{k}_over_edgeflow"] = {
+            "latency": cell[k]["latency_s"] / cell["edgeflow"]["latency_s"],
+            "app_bytes": cell[k]["app_bytes_per_frame"] / cell["edgeflow"]["app_bytes_per_frame"],
+            "wire_bytes": cell[k]["wire_bytes_per_frame"] / cell["edgeflow"]["wire_bytes_per_frame"]}
+    log(f"{key}: latency ADaPS {1e3 * cell['adaps']['latency_s']:.0f} ms, EdgeFlow-like "
+        f"{1e3 * cell['edgeflow']['latency_s']:.0f} ms, BBGraP-like {1e3 * cell['bbgrap']['latency_s']:.0f} ms; bytes "
+        f"ADaPS/EdgeFlow-like {cell['adaps_over_edgeflow']['app_bytes']:.2f} (wire "
+        f"{cell['adaps_over_edgeflow']['wire_bytes']:.2f}); identical over MPI "
+        f"{min(cell[k]['int8_identical_mpi'] for k in plans)}")
+    return cell
 
 
 def plot(result: dict, path: Path) -> None:
@@ -358,6 +363,7 @@ def main() -> int:
     multi = path_tiles(speeds)
     runs = execution(speeds)
     plans = [c[k] for c in runs.values() for k in ("adaps", "edgeflow", "bbgrap")]
+    multi_plans = [c[k] for c in multi.values() for k in ("adaps", "edgeflow", "bbgrap")]
     result = {
         "machine": machine(),
         "speeds": speeds,
@@ -368,16 +374,15 @@ def main() -> int:
         "gaps": gaps,
         "search_s": {"value": max(times.values()), "per": times},
         "data_reduction_planned": {"value": head["adaps"], "cells": reduction},
-        "int8_identical": min([min(p["int8_identical_builtin"], p["int8_identical_xnnpack"], p["int8_identical_mpi"])
-                               for p in plans] + [min(c["int8_identical_builtin"], c["int8_identical_xnnpack"])
-                                                  for c in multi.values()]),
+        "int8_identical": min(min(p["int8_identical_builtin"], p["int8_identical_xnnpack"], p["int8_identical_mpi"])
+                              for p in [*plans, *multi_plans]),
         "path_tiles": multi,
-        "max_abs_diff": {"value": max(p["float_max_abs_diff"] for p in [*plans, *multi.values()]),
-                         "plans": len(plans), "multi_path_plans": len(multi),
-                         "plans_not_exact": sum(p["float_max_abs_diff"] > 0 for p in [*plans, *multi.values()]),
+        "max_abs_diff": {"value": max(p["float_max_abs_diff"] for p in [*plans, *multi_plans]),
+                         "plans": len(plans), "multi_path_plans": len(multi_plans),
+                         "plans_not_exact": sum(p["float_max_abs_diff"] > 0 for p in [*plans, *multi_plans]),
                          "relative_max": max(p["float_max_abs_diff"] / p["float_max_abs_value"]
-                                             for p in [*plans, *multi.values()]),
-                         "values_compared": sum(p["float_values_compared"] for p in [*plans, *multi.values()])},
+                                             for p in [*plans, *multi_plans]),
+                         "values_compared": sum(p["float_values_compared"] for p in [*plans, *multi_plans])},
         "data_reduction": {"value": runs["VGG16/2dev/10M"]["adaps_over_edgeflow"]["app_bytes"],
                            "cells": {k: {"adaps": c["adaps_over_edgeflow"], "bbgrap": c["bbgrap_over_edgeflow"]}
                                      for k, c in runs.items()},

@@ -175,3 +175,29 @@ def test_a_chain_is_searched_as_before():
     plan = search_paths(p, DEVICES, 0.15)
     chain = search_network(list(region(view, "H").layers), DEVICES, 0.15)
     assert plan.partitions == chain.partitions and plan.score == pytest.approx(chain.score, rel=1e-12)
+
+
+def test_the_baselines_go_sub_block_by_sub_block():
+    """On tiny_cnn's multi-path region: BBGraP-like splits every layer equally, EdgeFlow-like never overlaps
+    neighbours; each scored with the same sub-block holders as ADaPS, and on a chain each is its chain self."""
+    from edgeplan.plan.spatial import baselines
+    from edgeplan.plan.spatial.cost import equal, network_score
+    from edgeplan.plan.spatial.search import costs_of
+
+    view = GraphView(canonicalise(tiny.model(), source="tiny"))
+    p = analyse(view, "H")
+    bb, ef = baselines.bbgrap_paths(p, DEVICES), baselines.edgeflow_paths(p, DEVICES, 0.15)
+    assert bb.partitions == tuple(equal(x.layer.out_size, 2) for x in p.layers)
+    assert all(part[0][1] <= part[1][0] for part in ef.partitions)  # no row computed twice
+    for plan in (bb, ef):
+        total = 0.0
+        for b in p.blocks:
+            layers = [p.layers[i].layer for i in b.layers]
+            total += network_score(costs_of(layers, DEVICES), [plan.partitions[i] for i in b.layers],
+                                   entry(p, b, dict(enumerate(plan.partitions)), DEVICES))
+        assert plan.score == pytest.approx(total, rel=1e-12)
+    assert search_paths(p, DEVICES, 0.15).score <= min(bb.score, ef.score)
+    chain = list(region(GraphView(canonicalise(alexnet.model(), source="alexnet")), "H").layers)
+    a = analyse(GraphView(canonicalise(alexnet.model(), source="alexnet")), "H")
+    assert baselines.bbgrap_paths(a, DEVICES).partitions == baselines.bbgrap(chain, DEVICES).partitions
+    assert baselines.edgeflow_paths(a, DEVICES, 0.15).partitions == baselines.edgeflow(chain, DEVICES, 0.15).partitions
