@@ -508,8 +508,9 @@ class Runtime:
     # requests -----------------------------------------------------------------------------------------------
     def precompute(self, model: str, xs, points=None) -> int:
         """Prefix outputs of float inputs ``xs`` at ``points`` (default: every preloaded point and the current
-        one; "all": every point the revision carries), so the emulated accelerator returns them without using the CPU. Returns how
-        many were computed."""
+        one; "all": every point the revision carries), and the outputs of the Edge TPU regions a Parallax plan puts
+        inside those points' suffixes, so the emulated accelerator returns them without using the CPU. Returns how
+        many prefix outputs were computed."""
         m = self._model(model)
         pts = (self.manifest.points_carried(m.entry) if points == "all"
                else sorted(points or (m.preload | {self.points[model]})))
