@@ -85,7 +85,9 @@ def test_a_multi_path_plan_runs_as_ranks(compiled, tmp_path, ranks_left):
     plan = list(search_paths(paths, devices, 0.15).partitions)
     out = tmp_path / "tiles"
     info = spatial.split(d, plan, list(spec.parse_text(PLATFORM, "platform").devices), out, paths=paths)
-    assert info["verify"] == {"int8_identical_builtin": 1.0, "int8_identical_xnnpack": 1.0}
+    assert {k: v for k, v in info["verify"].items() if k.startswith("int8_")} == {"int8_identical_builtin": 1.0,
+                                                                                  "int8_identical_xnnpack": 1.0}
+    assert info["verify"]["float_max_abs_diff"] == 0.0  # its float tiles too, a merge's included
     t = json.loads((out / "tables.json").read_text())
     assert any(len(s["inputs"]) == 2 for s in t["stages"])  # the merge
     xs = np.random.default_rng(4).integers(-128, 127, (6, *t["input"]["shape"]), endpoint=True).astype(np.int8)
