@@ -279,6 +279,13 @@ class CpuPool:
                 self.engine.fail(req, e)
 
 
+def region_key(model: str, point: int, sub: parallel.SubModel, it, live: dict) -> tuple[list[str], tuple]:
+    """An Edge TPU region's input names and the key its outputs computed ahead are kept under in
+    ``Runtime.computed`` (model, point, sub-model, a fingerprint of each input: ``input_key``)."""
+    names = [d["name"] for d in it.get_input_details()]
+    return names, (model, point, sub.name, tuple(input_key(live[n]) for n in names))
+
+
 class Accelerator(threading.Thread):
     """The global accelerator worker: prefixes FCFS, one at a time.
 
@@ -335,8 +342,8 @@ class Accelerator(threading.Thread):
         computed ahead (``Runtime.precompute``), else computed on the CPU here (counted; the device is then busy
         at least until they are). The region's parameters do not enter the on-chip cache model."""
         def begin(sub: parallel.SubModel, it, live: dict, compute) -> Callable[[], dict]:
-            names = [d["name"] for d in it.get_input_details()]
-            hit = self.engine.computed.get((m.name, point, sub.name, tuple(input_key(live[n]) for n in names)))
+            names, key = region_key(m.name, point, sub, it, live)
+            hit = self.engine.computed.get(key)
             asked = time.perf_counter()
             out = hit[1] if hit is not None and all(np.array_equal(a, live[n]) for a, n in zip(hit[0], names)) else None
             fell_back = out is None
@@ -536,10 +543,9 @@ class Runtime:
     def _recorder(self, model: str, point: int) -> parallel.Device:
         """A device that computes Edge TPU regions on the CPU and keeps their outputs for the emulated one."""
         def begin(sub: parallel.SubModel, it, live: dict, compute) -> Callable[[], dict]:
-            names = [d["name"] for d in it.get_input_details()]
+            names, key = region_key(model, point, sub, it, live)
             out = compute()
-            self.computed[model, point, sub.name, tuple(input_key(live[n]) for n in names)] = (
-                [live[n] for n in names], out)
+            self.computed[key] = ([live[n] for n in names], out)
             return lambda: out
         return begin
 

@@ -227,6 +227,11 @@ class Group:
     outputs: set[int] = field(default_factory=set)  # layers whose tensor the segment outputs
     index: int = -1
 
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """The layers it runs, in order (as ``spatial_paths.PathGroup`` names its own)."""
+        return tuple(range(self.first, self.last + 1))
+
 
 @dataclass(frozen=True)
 class Message:
@@ -243,6 +248,11 @@ class Tiling:
     groups: tuple[Group, ...]  # in an order they can run
     messages: tuple[Message, ...]
     suffix: tuple[int, ...]  # int8 ops after the region, on the head
+
+    @property
+    def chains(self) -> tuple[ChainLayer, ...]:
+        """Per layer, its int8 ops (as ``spatial_paths.PathTiling`` gives its own)."""
+        return self.layers
 
 
 def groups_of(layers: list[ChainLayer], plan: list[tuple[Interval, ...]], d: int) -> list[tuple[int, int]]:

@@ -95,16 +95,6 @@ class FloatLayers:
         return next((self.named[n] for n in self.nodes[k] if onnx_type(self.named[n].op_type) == TYPE1), None)
 
 
-def layer_ids(g: Group | PathGroup) -> list[int]:
-    """The tiling's layers a group runs, in order."""
-    return list(g.layers) if isinstance(g, PathGroup) else list(range(g.first, g.last + 1))
-
-
-def chains(t: Tiling | PathTiling) -> list[ChainLayer]:
-    """Per layer of the tiling, its int8 ops."""
-    return [x.chain for x in t.layers] if isinstance(t, PathTiling) else list(t.layers)
-
-
 def tile_pads(graph: TfliteGraph, layers: list[ChainLayer], h: int) -> dict[int, tuple[int, int]]:
     """Per layer (position in ``layers``, a group's, from a tile ``h`` rows high) whose int8 window pads SAME: the
     pads (before, after) the tile gives it along the axis, from the height the tile has there."""
@@ -144,7 +134,7 @@ def tile_model(f: FloatLayers, t: Tiling | PathTiling, graph: TfliteGraph, g: Gr
     (external data stays where the model keeps it)."""
     view = f.view
     dim = DIMS[t.axis]
-    ids, every = layer_ids(g), chains(t)
+    ids, every = g.layers, t.chains
     pads = tile_pads(graph, [every[k] for k in ids], g.tile.rows[1] - g.tile.rows[0])
     nodes = []
     for pos, k in enumerate(ids):
@@ -254,7 +244,7 @@ def verify(path: Path, layers: Region | Paths, t: Tiling | PathTiling, graph: Tf
                 if source not in have or not have[source][a:b].all():
                     raise PlanError(f"tile {g.index} reads rows [{a}, {b}) of {source!r}, not all computed before it")
             got = sess.run(outputs, {source: np.take(rows[source], range(a, b), axis=axis) for source in sources})
-            ids = layer_ids(g)
+            ids = g.layers
             for k, name, value in zip(sorted(g.outputs), outputs, got):
                 off, (s, e) = g.tile.offsets[ids.index(k)], g.tile.valid[ids.index(k)]
                 part = np.take(value, range(s - off, e - off), axis=axis)

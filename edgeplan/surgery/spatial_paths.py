@@ -145,6 +145,11 @@ class PathTiling:
     gathered: tuple[int, ...]  # int8 tensors the head gathers at the region's end
     suffix: tuple[int, ...]  # int8 ops after the region, on the head
 
+    @property
+    def chains(self) -> tuple[ChainLayer, ...]:
+        """Per layer, its int8 ops."""
+        return tuple(x.chain for x in self.layers)
+
 
 def tiling(graph: TfliteGraph, paths: Paths, plan: list[tuple[Interval, ...]], axis: int = 1) -> PathTiling:
     """Groups, tiles and messages of ``plan`` (per layer of ``paths``, each device's output rows)."""

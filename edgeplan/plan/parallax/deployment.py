@@ -274,24 +274,24 @@ def plan_parallax(root: Path, name: str, params: dict) -> tuple[ParallaxDeployme
                     got = _offload_point(d, prof, p, scratch, f"{pm.name}/p{p}", max(1, min(workers, cores)), params)
                     if got is not None:
                         offloaded[p] = got
-            points: list[PointPlan] = []
+            uncut = None
             if cores < 2:
-                why = f"SwapLess gives {pm.name} at most {cores} core: every suffix runs uncut"
+                uncut = f"SwapLess gives {pm.name} at most {cores} core: every suffix runs uncut"
             elif cores < workers:
-                why = (f"SwapLess gives {pm.name} at most {cores} cores; its layers were measured on {workers} "
-                       f"workers: every suffix runs uncut (re-run `edgeplan parallax {d}` with parallax.workers "
-                       f"{cores})")
+                uncut = (f"SwapLess gives {pm.name} at most {cores} cores; its layers were measured on {workers} "
+                         f"workers: every suffix runs uncut (re-run `edgeplan parallax {d}` with parallax.workers "
+                         f"{cores})")
+            points: list[PointPlan] = []
+            for p in range(pm.last_point):
+                got = offloaded.get(p) or (None if uncut else _point(d, record, p, scratch, f"{pm.name}/p{p}"))
+                if got is not None:
+                    points.append(got)
+            parallel = [x.point for x in points if x.point not in offloaded]
+            if uncut:
+                why = uncut + (" (but for its Edge TPU regions)" if offloaded else "")
             else:
-                for p in range(pm.last_point):
-                    got = offloaded.get(p) or _point(d, record, p, scratch, f"{pm.name}/p{p}")
-                    if got is not None:
-                        points.append(got)
-                parallel = [x.point for x in points if x.point not in offloaded]
                 why = (f"branch-parallel at points {parallel} on {workers} workers" if parallel else
                        "no suffix keeps a branch-parallel layer (measured end to end): every suffix runs uncut")
-            if (cores < 2 or cores < workers) and offloaded:
-                points = sorted(offloaded.values(), key=lambda x: x.point)
-                why += " (but for its Edge TPU regions)"
             if offloaded:
                 why += f"; Edge TPU regions (EMULATED) inside the suffixes of points {sorted(offloaded)}"
             elif offload_why:
