@@ -8,16 +8,19 @@ import onnx
 import onnxruntime as ort
 
 
-def tensor_values(model: onnx.ModelProto | Path, tensors: list[str], xs: np.ndarray) -> dict[str, np.ndarray]:
+def tensor_values(model: onnx.ModelProto | Path, tensors: list[str], xs: np.ndarray, prepack: bool = True
+                  ) -> dict[str, np.ndarray]:
     """Values of ``tensors`` for every sample of ``xs`` (one sample per row; stacked on axis 0)."""
-    runs = list(tensor_values_each(model, tensors, xs))
+    runs = list(tensor_values_each(model, tensors, xs, prepack=prepack))
     return {t: np.concatenate([r[t] for r in runs]) for t in tensors}
 
 
-def tensor_values_each(model: onnx.ModelProto | Path, tensors: list[str], xs: np.ndarray, threads: int = 0):
+def tensor_values_each(model: onnx.ModelProto | Path, tensors: list[str], xs: np.ndarray, threads: int = 0,
+                       prepack: bool = True):
     """Per sample of ``xs``, the values of ``tensors`` (each with a batch axis of 1). ``model`` may be the path of
     an .onnx edgeplan wrote: its external data, if any, is then read by onnxruntime from the file (``session``'s
-    ``folder``), not held in this process twice. ``threads``: intra-op threads (0: onnxruntime's default)."""
+    ``folder``), not held in this process twice. ``threads``: intra-op threads (0: onnxruntime's default);
+    ``prepack``: as ``session_options``."""
     folder = None
     if isinstance(model, Path):
         from edgeplan.graph.model import load_stored
@@ -25,15 +28,16 @@ def tensor_values_each(model: onnx.ModelProto | Path, tensors: list[str], xs: np
         model, folder = load_stored(model), model.parent
     have = {o.name for o in model.graph.output}
     vis = {v.name: v for v in model.graph.value_info}
-    sess = session(model, outputs=[vis[t] for t in tensors if t not in have], folder=folder, threads=threads)
+    sess = session(model, outputs=[vis[t] for t in tensors if t not in have], folder=folder, threads=threads,
+                   prepack=prepack)
     names = [o.name for o in sess.get_outputs()]
     wanted = set(tensors)
     for x in xs:
         yield {n: v for n, v in zip(names, sess.run(None, {model.graph.input[0].name: x[None]})) if n in wanted}
 
 
-def session(model: onnx.ModelProto, min_bytes: int = 1024, outputs=(), folder: Path | None = None, threads: int = 0
-            ) -> ort.InferenceSession:
+def session(model: onnx.ModelProto, min_bytes: int = 1024, outputs=(), folder: Path | None = None, threads: int = 0,
+            prepack: bool = True) -> ort.InferenceSession:
     """An onnxruntime session of ``model`` (left as it is), with ``outputs`` (value infos) added to its outputs,
     whose weights of ``min_bytes`` or more go to onnxruntime as arrays, not inside the serialized model: the model
     it is given holds them as external data, replaced by the arrays before any graph optimization, so the session
@@ -61,25 +65,35 @@ def session(model: onnx.ModelProto, min_bytes: int = 1024, outputs=(), folder: P
         names.append(init.name)
         values.append(ort.OrtValue.ortvalue_from_numpy(a))
         light.graph.initializer.append(external_stub(init, "in-memory", 0, a.nbytes))
-    options = session_options()
+    mapped = folder is not None and any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    options = session_options(prepack and not mapped)
     options.intra_op_num_threads = threads
     if folder is not None:
         options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
-        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-            options.add_session_config_entry("session.disable_prepacking", "1")
     if names:
         options.add_external_initializers(names, values)
     return ort.InferenceSession(light.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
-def session_options() -> ort.SessionOptions:
+def session_options(prepack: bool = True) -> ort.SessionOptions:
     """Basic graph optimizations (constant folding, no fusions) and no memory arena. With onnxruntime's defaults a
     session of ResNet152V2 at 299 (241 MB of weights, 70 tensors as outputs: matching's) grew the process by
     0.9 GB and its first runs kept 0.15 GB more in the arena; this way 0.5 GB and nothing (0.3 -> 0.5 s a run:
-    these sessions run a few samples)."""
+    these sessions run a few samples). Idle intra-op threads sleep instead of spinning: a split's verification runs
+    24 sessions one after another, each with its own pool, and the pools still spinning after their run took the
+    cores from the next (VGG-19's float chain: 0.55-1.73 s a sample spinning, 0.24 s not; the same values), as
+    they took them from the int8 model matching runs between float runs.
+
+    ``prepack=False``: the weights are used as they are, not first copied into the kernels' packed layout. A
+    VGG-19 session with every tensor an output (matching's) is made in 0.7 s instead of 1.2-2.3 s, its runs as
+    fast; its values differ from a packed session's by rounding (7e-9 on VGG-19's output), so the sessions whose
+    values are compared must agree on it."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.enable_cpu_mem_arena = False
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not prepack:
+        options.add_session_config_entry("session.disable_prepacking", "1")
     return options
 
 

@@ -15,6 +15,7 @@ What does not match is dropped with the reason.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from edgeplan.graph.cuts import Candidate
 from edgeplan.graph.evaluate import tensor_values_each
 from edgeplan.quantize import litert
 from edgeplan.quantize.tflite_graph import TfliteGraph
+
+THREADS = os.cpu_count() or 1  # LiteRT threads: integer arithmetic, the same bits on any number
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ def tflite_values_each(model: bytes, xs: np.ndarray, indices: list[int]):
 def _int8_each(model: bytes, xs: np.ndarray, indices: list[int]):
     """Per sample, an iterator of ``(index, dequantized values)`` over the tensors of ``indices`` LiteRT kept,
     each dequantized only when the iterator reaches it (to be used up before the next sample)."""
-    it = litert.interpreter(model, deterministic=True, keep_all=True)
+    it = litert.interpreter(model, deterministic=True, keep_all=True, threads=THREADS)
     inp = it.get_input_details()[0]
     wanted = set(indices)
     details = {d["index"]: d for d in it.get_tensor_details() if d["index"] in wanted}
@@ -115,7 +118,7 @@ def match_candidates(
 
 
 def _best(onnx_model: onnx.ModelProto | Path, wants: list[tuple[str, tuple[int, ...], int]], tflite: TfliteGraph,
-          xs: np.ndarray, macs_rtol: float, keep: tuple[str, ...] = ()
+          xs: np.ndarray, macs_rtol: float, keep: tuple[str, ...] = (), prepack: bool = True
           ) -> tuple[dict[str, tuple[float, int] | None], dict[str, np.ndarray]]:
     """For each ``(tensor, shape, prefix_macs)``: ``(cosine, int8 index)`` of the int8 tensor of the same (NHWC)
     shape after the same MACs whose dequantized values follow the tensor's float values most closely (over all of
@@ -125,7 +128,10 @@ def _best(onnx_model: onnx.ModelProto | Path, wants: list[tuple[str, tuple[int, 
     One sample at a time: the cosines are accumulated (dot products and squared norms, float64) as the float model
     and the int8 model run on each sample, and only the int8 tensors some candidate could be are read, one at a
     time. Holding every candidate's and every int8 tensor's values for all samples at once cost ResNet152V2 at 299
-    2 GB; so did holding, for one sample, a float64 copy of every candidate and every int8 tensor dequantized."""
+    2 GB; so did holding, for one sample, a float64 copy of every candidate and every int8 tensor dequantized. A
+    candidate's float64 copy (and its squared norm) is made once per sample and kept only until the last int8
+    tensor of its pool has been read (DenseNet-121: 926 pairs, 430 candidates), in one pass from the NCHW values;
+    the same numbers as a copy per pair, computed in half the time."""
     produced = [t for t in tflite.tensors if t.index in tflite.producer and not t.constant]
     prefix_macs = {t.index: tflite.prefix_macs(t.index) for t in produced}
     pools = {tensor: [t.index for t in produced if t.shape == _nhwc(shape)
@@ -139,17 +145,26 @@ def _best(onnx_model: onnx.ModelProto | Path, wants: list[tuple[str, tuple[int, 
     seen = dict.fromkeys(readers, 0)  # samples each int8 tensor had values in (LiteRT may not keep a tensor)
     kept: dict[str, list[np.ndarray]] = {t: [] for t in keep}
     floats = list(dict.fromkeys([*(t for t, p in pools.items() if p), *keep]))
-    for float_vals, int8_vals in zip(tensor_values_each(onnx_model, floats, xs),
+    for float_vals, int8_vals in zip(tensor_values_each(onnx_model, floats, xs, prepack=prepack),
                                      _int8_each(tflite.data, xs, list(readers))):
         for t in keep:
             kept[t].append(float_vals[t])
-        for ix, v in int8_vals:  # one int8 tensor at a time, and one float copy of a candidate at a time
+        wide: dict[str, tuple[np.ndarray, float]] = {}  # a candidate's float64 NHWC copy while an int8 tensor needs it
+        left = {tensor: len(pool) for tensor, pool in pools.items()}
+        for ix, v in int8_vals:  # one int8 tensor at a time
             seen[ix] += 1
-            a = v.ravel().astype(np.float64)
+            a = v.astype(np.float64).ravel()
+            aa = a @ a
             for tensor in readers[ix]:
-                b = litert.nchw_to_nhwc(float_vals[tensor]).ravel().astype(np.float64)
-                sums[tensor, ix] += (a @ b, a @ a, b @ b)
-        del float_vals  # before the next sample's run
+                if tensor not in wide:
+                    b = litert.nchw_to_nhwc(float_vals[tensor]).astype(np.float64, order="C").ravel()
+                    wide[tensor] = b, b @ b
+                b, bb = wide[tensor]
+                sums[tensor, ix] += (a @ b, aa, bb)
+                left[tensor] -= 1
+                if not left[tensor]:
+                    del wide[tensor]
+        del float_vals, wide  # before the next sample's run
     out: dict[str, tuple[float, int] | None] = {}
     for tensor, pool in pools.items():
         scored = [(_cosine(*sums[tensor, ix]), ix) for ix in pool if seen[ix] == len(xs)]
@@ -169,7 +184,9 @@ def match_tensors(onnx_model: onnx.ModelProto, tflite: TfliteGraph, xs: np.ndarr
     """Every node output of the ONNX model that survives conversion -> the int8 tensor holding it (the same
     rules as for candidates, cut or not; the model's input and output always match). A tensor left out was
     fused into the op that makes a later one; where several compete for one int8 tensor the closest wins.
-    Beside it, the float model's output for ``xs``, from the same runs."""
+    Beside it, the float model's output for ``xs``, from the same runs, by a session that does not prepack its
+    weights (``graph.evaluate.session_options``; made 1.5 s sooner on VGG-19), as a split's float stages run
+    (``surgery.multidevice``), whose reference it is."""
     from edgeplan.graph.model import GraphView
 
     view = GraphView(onnx_model)
@@ -180,7 +197,7 @@ def match_tensors(onnx_model: onnx.ModelProto, tflite: TfliteGraph, xs: np.ndarr
     for t in inner:
         a = view.ancestors[view.producer[t]]
         wants.append((t, view.shape(t), sum(m for i, m in enumerate(macs) if (a >> i) & 1)))
-    scores, kept = _best(onnx_model, wants, tflite, xs, macs_rtol, keep=(view.output.name,))
+    scores, kept = _best(onnx_model, wants, tflite, xs, macs_rtol, keep=(view.output.name,), prepack=False)
     best: dict[int, tuple[float, str]] = {}
     for t in inner:
         found = scores[t]
