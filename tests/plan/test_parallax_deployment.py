@@ -167,6 +167,15 @@ def test_pulled_and_served_branch_parallel_with_the_suffixes_bits(planned, tmp_p
     with pytest.raises(HealthCheckFailed, match="which no earlier stage makes"):
         pull(store, dest, trusted, device_id="edge-px")
     assert active(dest)[1].revision == 1
+    # and an Edge TPU region's hold that is not a time: out of [0, 60000] ms, or not a finite number (JSON's true
+    # is an int to Python; the plan's field types are checked first)
+    for bad in (-1, 1e9, "2.5", float("nan"), True):
+        doc = json.loads(bundle.blobs[name])
+        doc["models"][0]["points"][0]["stages"][0]["submodels"][0]["offload_ms"] = bad
+        publish(store, _bundle_with(bundle, name, json.dumps(doc).encode()), key, trusted, fleet.load(p).devices)
+        with pytest.raises(HealthCheckFailed, match=r"offload_ms .*(is not a time in \[0, 60000\] ms|wrong type)"):
+            pull(store, dest, trusted, device_id="edge-px")
+        assert active(dest)[1].revision == 1
 
 
 def test_the_bundle_refuses_a_plan_made_for_other_sub_models(planned):
