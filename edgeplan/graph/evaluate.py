@@ -8,20 +8,20 @@ import onnx
 import onnxruntime as ort
 
 
-def tensor_values(model: onnx.ModelProto | Path, tensors: list[str], xs: np.ndarray, prepack: bool = True
-                  ) -> dict[str, np.ndarray]:
+def tensor_values(model: onnx.ModelProto | Path, tensors: list[str], xs: np.ndarray, prepack: bool = True,
+                  folder: Path | None = None) -> dict[str, np.ndarray]:
     """Values of ``tensors`` for every sample of ``xs`` (one sample per row; stacked on axis 0)."""
-    runs = list(tensor_values_each(model, tensors, xs, prepack=prepack))
+    runs = list(tensor_values_each(model, tensors, xs, prepack=prepack, folder=folder))
     return {t: np.concatenate([r[t] for r in runs]) for t in tensors}
 
 
 def tensor_values_each(model: onnx.ModelProto | Path, tensors: list[str], xs: np.ndarray, threads: int = 0,
-                       prepack: bool = True):
+                       prepack: bool = True, folder: Path | None = None):
     """Per sample of ``xs``, the values of ``tensors`` (each with a batch axis of 1). ``model`` may be the path of
     an .onnx edgeplan wrote: its external data, if any, is then read by onnxruntime from the file (``session``'s
     ``folder``), not held in this process twice. ``threads``: intra-op threads (0: onnxruntime's default);
-    ``prepack``: as ``session_options``."""
-    folder = None
+    ``prepack``: as ``session_options``; ``folder``: where a model given as a ModelProto has its external data
+    (``graph.model.load_mapped``'s: the .onnx file's folder)."""
     if isinstance(model, Path):
         from edgeplan.graph.model import load_stored
 

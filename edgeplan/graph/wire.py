@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import onnx
 
 LARGE = 1 << 20  # tensors with more raw bytes than this are spliced, smaller ones serialized whole
-_LEN = 2  # wire type: length-delimited
-_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW = 7, 5, 9
+LEN = _LEN = 2  # wire type: length-delimited
+MODEL_GRAPH, GRAPH_INITIALIZER, TENSOR_RAW = _MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW = 7, 5, 9
 
 
 def _varint(n: int) -> bytes:
@@ -64,6 +65,41 @@ def _split(data: bytes, field: int) -> tuple[bytes, bytes]:
         else:
             raise ValueError(f"wire type {kind} in a serialized ONNX message")
     return data, b""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a serialized message: its tag at ``start``, its payload from ``payload`` to ``end``."""
+    field: int
+    kind: int
+    start: int
+    payload: int
+    end: int
+
+
+def fields(data, begin: int, end: int) -> Iterator[Field]:
+    """The fields of the message encoded in ``data[begin:end]`` (``data``: bytes or a mapped file, never copied),
+    in order; ValueError for an encoding that runs past ``end``."""
+    i = begin
+    while i < end:
+        start = i
+        tag, i = _read_varint(data, i)
+        kind = tag & 7
+        if kind == 0:
+            _, j = _read_varint(data, i)
+        elif kind == 1:
+            j = i + 8
+        elif kind == _LEN:
+            n, i = _read_varint(data, i)
+            j = i + n
+        elif kind == 5:
+            j = i + 4
+        else:
+            raise ValueError(f"wire type {kind} in a serialized ONNX message")
+        if j > end:
+            raise ValueError("a field runs past the end of its message")
+        yield Field(tag >> 3, kind, start, i, j)
+        i = j
 
 
 def without(message, field_name: str):

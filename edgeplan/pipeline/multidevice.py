@@ -8,18 +8,18 @@ from edgeplan.plan.multidevice import spec, units
 
 
 def load(root: Path, params: dict):
-    """The float model and the int8 graph, each read once, and two inputs like the calibration set's (seed offset
-    1, as the build's matching) to match the units on; matching's runs on them are also a split's float
-    reference (``surgery.multidevice.split``)."""
-    from edgeplan.graph.model import GraphView
-    from edgeplan.graph.model import load as load_model
+    """The float model, its weights left in ``model.onnx`` (``graph.model.load_mapped``: give ``folder=root`` to
+    what runs it), and the int8 graph, each read once, and two inputs like the calibration set's (seed offset 1,
+    as the build's matching) to match the units on; matching's runs on them are also a split's float reference
+    (``surgery.multidevice.split``)."""
+    from edgeplan.graph.model import GraphView, load_mapped
     from edgeplan.quantize.calibration import CalibrationSpec, sample_inputs
     from edgeplan.quantize.tflite_graph import TfliteGraph
 
     for f in ("model.onnx", "model_int8.tflite"):
         if not (root / f).is_file():
             raise ArtifactError(f"{root / f}: missing; run `edgeplan compile` (or `edgeplan build {root}`) first")
-    model = load_model(root / "model.onnx")
+    model = load_mapped(root / "model.onnx")
     view = GraphView(model)
     cal = CalibrationSpec.from_params(params["quantize"]["calibration"])
     xs = sample_inputs(cal, view.shape(view.input.name), 2, seed=cal.seed + 1)
@@ -28,7 +28,7 @@ def load(root: Path, params: dict):
 
 def find_units(root: Path, params: dict) -> units.Units:
     model, graph, _, xs = load(root, params)
-    return units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"])
+    return units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"], folder=root)
 
 
 def platform_for(params: dict, platform_path: str | None, deployment: str | None) -> spec.Platform:
@@ -50,6 +50,6 @@ def split(root: Path, params: dict, mapping_path: Path, platform: spec.Platform,
     from edgeplan.surgery import multidevice
 
     model, graph, cal, xs = load(root, params)
-    us = units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"])
+    us = units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"], folder=root)
     mapping = spec.load_mapping(mapping_path, platform, us)
     return multidevice.split(root, us, mapping, platform, out, seed=cal.seed, loaded=(model, graph))

@@ -118,12 +118,13 @@ def match_candidates(
 
 
 def _best(onnx_model: onnx.ModelProto | Path, wants: list[tuple[str, tuple[int, ...], int]], tflite: TfliteGraph,
-          xs: np.ndarray, macs_rtol: float, keep: tuple[str, ...] = (), prepack: bool = True
-          ) -> tuple[dict[str, tuple[float, int] | None], dict[str, np.ndarray]]:
+          xs: np.ndarray, macs_rtol: float, keep: tuple[str, ...] = (), prepack: bool = True,
+          folder: Path | None = None) -> tuple[dict[str, tuple[float, int] | None], dict[str, np.ndarray]]:
     """For each ``(tensor, shape, prefix_macs)``: ``(cosine, int8 index)`` of the int8 tensor of the same (NHWC)
     shape after the same MACs whose dequantized values follow the tensor's float values most closely (over all of
     ``xs``), or None when no int8 tensor has that shape and MACs. Beside it, the float values of the tensors
-    ``keep`` over all of ``xs`` (stacked), computed in the same runs.
+    ``keep`` over all of ``xs`` (stacked), computed in the same runs (``prepack``, ``folder``:
+    ``graph.evaluate.tensor_values_each``'s).
 
     One sample at a time: the cosines are accumulated (dot products and squared norms, float64) as the float model
     and the int8 model run on each sample, and only the int8 tensors some candidate could be are read, one at a
@@ -145,7 +146,7 @@ def _best(onnx_model: onnx.ModelProto | Path, wants: list[tuple[str, tuple[int, 
     seen = dict.fromkeys(readers, 0)  # samples each int8 tensor had values in (LiteRT may not keep a tensor)
     kept: dict[str, list[np.ndarray]] = {t: [] for t in keep}
     floats = list(dict.fromkeys([*(t for t, p in pools.items() if p), *keep]))
-    for float_vals, int8_vals in zip(tensor_values_each(onnx_model, floats, xs, prepack=prepack),
+    for float_vals, int8_vals in zip(tensor_values_each(onnx_model, floats, xs, prepack=prepack, folder=folder),
                                      _int8_each(tflite.data, xs, list(readers))):
         for t in keep:
             kept[t].append(float_vals[t])
@@ -180,13 +181,14 @@ def _cosine(ab: float, aa: float, bb: float) -> float:
 
 
 def match_tensors(onnx_model: onnx.ModelProto, tflite: TfliteGraph, xs: np.ndarray, *, min_cosine: float = 0.5,
-                  macs_rtol: float = 1e-3) -> tuple[dict[str, int], np.ndarray]:
+                  macs_rtol: float = 1e-3, folder: Path | None = None) -> tuple[dict[str, int], np.ndarray]:
     """Every node output of the ONNX model that survives conversion -> the int8 tensor holding it (the same
     rules as for candidates, cut or not; the model's input and output always match). A tensor left out was
     fused into the op that makes a later one; where several compete for one int8 tensor the closest wins.
     Beside it, the float model's output for ``xs``, from the same runs, by a session that does not prepack its
     weights (``graph.evaluate.session_options``; made 1.5 s sooner on VGG-19), as a split's float stages run
-    (``surgery.multidevice``), whose reference it is."""
+    (``surgery.multidevice``), whose reference it is. ``folder``: where the model's external data is (a model
+    from ``graph.model.load_mapped``: its file's folder)."""
     from edgeplan.graph.model import GraphView
 
     view = GraphView(onnx_model)
@@ -197,7 +199,8 @@ def match_tensors(onnx_model: onnx.ModelProto, tflite: TfliteGraph, xs: np.ndarr
     for t in inner:
         a = view.ancestors[view.producer[t]]
         wants.append((t, view.shape(t), sum(m for i, m in enumerate(macs) if (a >> i) & 1)))
-    scores, kept = _best(onnx_model, wants, tflite, xs, macs_rtol, keep=(view.output.name,), prepack=False)
+    scores, kept = _best(onnx_model, wants, tflite, xs, macs_rtol, keep=(view.output.name,), prepack=False,
+                         folder=folder)
     best: dict[int, tuple[float, str]] = {}
     for t in inner:
         found = scores[t]

@@ -10,8 +10,9 @@ over ranks as data arrives. Frames enter and leave at rank 0 (the head): it send
 it and receives the output.
 
 Written (``out``): ``int8/s<k>.tflite`` (cut from ``model_int8.tflite``: the int8 tensors pass between stages
-with their own quantization, so the chain gives the model's bits), ``float/s<k>.onnx`` (+ ``.weights``: node
-subsets of the float model, each weight written once), ``tables.json``, ``rankfile``, ``hostfile``,
+with their own quantization, so the chain gives the model's bits), ``float/s<k>.onnx`` (node subsets of the float
+model; their weights point into a hard link of the model's own file, ``float/model.onnx``, never copied),
+``tables.json``, ``rankfile``, ``hostfile``,
 ``platform.txt``, ``mapping.json`` and ``split.json`` (sizes, timings, verification). Nothing is written
 when verification fails.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,10 +30,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from edgeplan.artifacts import staged_dir, write_json_atomic
+from edgeplan.artifacts import external_data, staged_dir, write_json_atomic
 from edgeplan.errors import SpecError
-from edgeplan.graph.model import GraphView
-from edgeplan.graph.model import load as load_model
+from edgeplan.graph.model import GraphView, load_mapped
 from edgeplan.graph.wire import external_stub
 from edgeplan.plan.multidevice.spec import Mapping, Platform, mapping_doc
 from edgeplan.plan.multidevice.units import Units
@@ -95,12 +96,16 @@ def stages(graph: TfliteGraph, units: Units, mapping: Mapping) -> list[Stage]:
 
 
 # ------------------------------------------------------------------------------------------------- float
-def float_stage(model: onnx.ModelProto, view: GraphView, nodes: tuple[int, ...], name: str, path: Path) -> None:
+def float_stage(model: onnx.ModelProto, view: GraphView, nodes: tuple[int, ...], name: str, path: Path,
+                source: Path | None = None) -> None:
     """Write the nodes (a subset, in order) as a model to ``path``: inputs the activations they read and do not
-    make, outputs those they make that another node or the model's output reads. Initializers of 1 KiB or more
-    go to ``path``'s ``.weights`` file, written here from the model's own bytes; the smaller ones stay inline.
-    (onnx's save with external data copied VGG-19's 548 MB twice on the way, and opened the file per tensor: 2.3 s
-    of the 24 sub-models' 3 s.)"""
+    make, outputs those they make that another node or the model's output reads. An initializer the model holds
+    as external data (``graph.model.load_mapped``: bytes of a file in ``source``, the model's folder) stays
+    where it is: the file is linked beside ``path`` under its name (a hard link, a copy across file systems),
+    once for all stages. Other initializers of 1 KiB or more go to ``path``'s ``.weights`` file, written here from
+    the model's own bytes; the smaller ones stay inline. (onnx's save with external data copied VGG-19's 548 MB
+    twice on the way, and opened the file per tensor: 2.3 s of the 24 sub-models' 3 s; writing them once per
+    split still took 0.5-2 s and 548 MB of disk.)"""
     inside = set(nodes)
     made = {o for i in nodes for o in view.graph.node[i].output if o}
     reads = [x for i in nodes for x in view.graph.node[i].input if x]
@@ -110,7 +115,15 @@ def float_stage(model: onnx.ModelProto, view: GraphView, nodes: tuple[int, ...],
     vi = {v.name: v for v in (*view.graph.input, *view.graph.value_info, *view.graph.output)}
     weights = path.with_suffix(".weights")
     inits, data, offset = [], [], 0
+    held = None  # the model's external data table, made once if needed
     for t in (view.initializers[x] for x in dict.fromkeys(reads) if x in view.initializers):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            held = external_data(model) if held is None else held
+            if source is None or t.name not in held:
+                raise ValueError(f"float_stage: initializer {t.name!r} is external data not in a file of {source}")
+            _link(source / held[t.name][0], path.parent)
+            inits.append(t)
+            continue
         raw = t.raw_data  # a copy of the bytes at every read: read once
         if len(raw) >= 1024:
             inits.append(external_stub(t, weights.name, offset, len(raw)))
@@ -127,12 +140,23 @@ def float_stage(model: onnx.ModelProto, view: GraphView, nodes: tuple[int, ...],
     path.write_bytes(m.SerializeToString())
 
 
-def _float_stages(model: onnx.ModelProto, view: GraphView, stage_list: list[Stage], folder: Path, t0: float
-                  ) -> float:
-    """Every stage's float model written to ``folder`` (``float_stage``); returns when it was done, in seconds
-    after ``t0``."""
+def _link(src: Path, folder: Path) -> None:
+    """``src`` in ``folder`` under its name: a hard link, else a copy (another file system); kept if there."""
+    dst = folder / src.name
+    if dst.exists():
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def _float_stages(model: onnx.ModelProto, view: GraphView, stage_list: list[Stage], folder: Path, source: Path,
+                  t0: float) -> float:
+    """Every stage's float model written to ``folder`` (``float_stage``, external data from ``source``); returns
+    when it was done, in seconds after ``t0``."""
     for s in stage_list:
-        float_stage(model, view, s.nodes, f"s{s.index}", folder / f"s{s.index}.onnx")
+        float_stage(model, view, s.nodes, f"s{s.index}", folder / f"s{s.index}.onnx", source)
     return time.perf_counter() - t0
 
 
@@ -247,7 +271,7 @@ def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: P
         raise SpecError("no float inputs to verify the split on: give xs (the units carry none)")
     reference = units.reference if xs is None else (xs, None)
     if loaded is None:
-        loaded = load_model(root / "model.onnx"), TfliteGraph((root / "model_int8.tflite").read_bytes())
+        loaded = load_mapped(root / "model.onnx"), TfliteGraph((root / "model_int8.tflite").read_bytes())
     model, graph = loaded
     view = GraphView(model)
     int8_bytes = graph.data
@@ -258,7 +282,7 @@ def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: P
         # beside the int8 cuts and their check (this thread): the model file's hash, and the float stages written
         # (both release the GIL as they read, hash and write); the float chain is checked once they are written
         onnx_sha = pool.submit(file_sha256, root / "model.onnx")
-        floats = pool.submit(_float_stages, model, view, stage_list, scratch / "float", t0)
+        floats = pool.submit(_float_stages, model, view, stage_list, scratch / "float", root, t0)
         blobs, segs = {}, []
         for s in stage_list:
             data = cut_ops(graph, list(s.ops), f"s{s.index}")
@@ -269,7 +293,7 @@ def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: P
         table = tables(graph, view, units, mapping, platform, stage_list)
         int8 = verify_int8(segs, table, graph, int8_samples, seed)
         t_front = max(t_cut, floats.result())
-        check = verify_float(scratch, table, model, reference, tolerance)
+        check = verify_float(scratch, table, model, reference, tolerance, root)
         why = "; ".join(w for w in (check.pop("why"), int8.pop("why")) if w)
         check = {**check, **int8, "ok": not why, "why": why}
         if not check["ok"]:
@@ -299,15 +323,16 @@ def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: P
 
 
 def verify_float(d: Path, table: dict, model: onnx.ModelProto, reference: tuple[np.ndarray, np.ndarray | None],
-                 tolerance: float) -> dict:
+                 tolerance: float, source: Path) -> dict:
     """The float stages (written in ``d``) run in order in this process against onnxruntime on the whole model
-    (``reference``: the float inputs and the whole model's output for them, computed here when None)."""
+    (``reference``: the float inputs and the whole model's output for them, computed here when None; ``source``:
+    the folder of the model's external data)."""
     from edgeplan.graph.evaluate import tensor_values
 
     f_in, f_out = table["input"]["float"], table["output"]["float"]
     xs, want = reference
     if want is None:
-        want = tensor_values(model, [f_out], xs, prepack=False)[f_out]
+        want = tensor_values(model, [f_out], xs, prepack=False, folder=source)[f_out]
     got = _float_chain([d / s["float"] for s in table["stages"]], f_in, f_out, xs)
     diff = float(np.max(np.abs(got - want)))
     bound = tolerance * max(1.0, float(np.max(np.abs(want))))

@@ -36,6 +36,52 @@ def test_write_onnx_external_round_trip(tmp_path):
     np.testing.assert_array_equal(_run(tmp_path / "ext.onnx", x), _run(tmp_path / "inline.onnx", x))
 
 
+@pytest.mark.parametrize("external", [False, True])
+def test_a_mapped_model_leaves_its_weights_in_the_file_and_computes_the_same(tmp_path, external):
+    """graph.model.load_mapped: each inline weight of 1 KiB or more becomes a reference to its own bytes inside the
+    .onnx file (a model with external data keeps its references); the rest is the model ``load`` gives, and
+    onnxruntime reading the weights from the file computes what it computes with them inline."""
+    from edgeplan.graph.evaluate import tensor_values
+    from edgeplan.graph.model import load_mapped
+
+    m = onnx.shape_inference.infer_shapes(wide.model())
+    path = tmp_path / "m.onnx"
+    write_onnx(path, m, external=external)
+    whole, mapped = load_model(path), load_mapped(path)
+    assert [n for n in whole.graph.node] == [n for n in mapped.graph.node]
+    assert [(t.name, list(t.dims), t.data_type) for t in whole.graph.initializer] == [
+        (t.name, list(t.dims), t.data_type) for t in mapped.graph.initializer]
+    held = [t for t in mapped.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert held and all(not t.HasField("raw_data") for t in held)
+    location = {e.value for t in held for e in t.external_data if e.key == "location"}
+    assert location == ({"m.onnx.data"} if external else {"m.onnx"})
+    if not external:  # each reference is the tensor's bytes in the file
+        data = path.read_bytes()
+        for t in held:
+            ext = {e.key: int(e.value) for e in t.external_data if e.key in ("offset", "length")}
+            raw = next(w for w in whole.graph.initializer if w.name == t.name).raw_data
+            assert data[ext["offset"]:ext["offset"] + ext["length"]] == raw
+    out = GraphView(whole).output.name
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 3, 32, 32)).astype(np.float32)
+    np.testing.assert_array_equal(tensor_values(mapped, [out], x, prepack=False, folder=tmp_path)[out],
+                                  tensor_values(whole, [out], x, prepack=False)[out])
+
+
+def test_a_truncated_model_is_refused_by_load_mapped_as_by_load(tmp_path):
+    """The walk over the encoding meets a field running past the end: the file is handed to ``load``, whose
+    error the callers already turn into one line."""
+    from google.protobuf.message import DecodeError
+
+    from edgeplan.graph.model import load_mapped
+
+    path = tmp_path / "m.onnx"
+    write_onnx(path, onnx.shape_inference.infer_shapes(wide.model()))
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # cut inside a weight
+    for loader in (load_model, load_mapped):
+        with pytest.raises(DecodeError, match="onnx.ModelProto"):
+            loader(path)
+
+
 def test_a_segment_links_the_data_file_of_the_model_it_is_cut_from(tmp_path):
     """Cut points of a model with external data point at the model's own data file (linked beside them), not at
     copies of it; a weight whose bytes differ under the same name is written apart."""

@@ -124,6 +124,10 @@ def test_split_verifies_and_tables_agree(inception, tmp_path, params):
         "rank 0=127.0.0.1 slot=0", "rank 1=127.0.0.1 slot=0,1", "rank 2=localhost slot=1"]
     assert (tmp_path / "md" / "hostfile").read_text().splitlines() == ["127.0.0.1 slots=6", "localhost slots=2"]
     assert json.loads((tmp_path / "md" / "mapping.json").read_text()) == _interleaved(us, [k.name for k in m.keys])
+    # the float stages' weights are the model's own file, linked (not copied) beside them
+    linked = tmp_path / "md" / "float" / "model.onnx"
+    assert linked.stat().st_ino == (d / "model.onnx").stat().st_ino
+    assert not list((tmp_path / "md" / "float").glob("*.weights"))
 
 
 def test_a_failed_verification_writes_nothing(tiny, tmp_path):

@@ -49,7 +49,7 @@ def plan_autodice(root: Path, name: str, params: dict, objective: str | None = N
     model_name, version, d = split_model(root, params, name, "an AutoDiCE split")
     _, platform = registry_platform(params, name, "an AutoDiCE split")
     model, graph, cal, xs = load(d, params)
-    us = units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"])
+    us = units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"], folder=d)
     order = multidevice.unit_order(us)
     cores = min(max(len(x.slots) for x in platform.devices), os.cpu_count() or 1)
     costs = costs_mod.measure(graph, us, order, cores, repeats=int(settings["repeats"]), progress=progress)

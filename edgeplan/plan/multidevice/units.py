@@ -9,6 +9,7 @@ fall in the unit that reads their result). Every op lands in exactly one unit, o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -39,14 +40,16 @@ class Units:
     reference: tuple[np.ndarray, np.ndarray] | None = field(default=None, compare=False, repr=False)
 
 
-def find(model: onnx.ModelProto, tflite: TfliteGraph, xs: np.ndarray, *, min_cosine: float = 0.5) -> Units:
+def find(model: onnx.ModelProto, tflite: TfliteGraph, xs: np.ndarray, *, min_cosine: float = 0.5,
+         folder: Path | None = None) -> Units:
+    """The units of ``model`` (``folder``: where its external data is, as ``quantize.match.match_tensors``)."""
     view = GraphView(model)
     nodes = view.graph.node
     names = [n.name or f"node{i}" for i, n in enumerate(nodes)]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise SpecError(f"node name {dup!r} appears twice in the model: a mapping could not name it")
-    matched, output = match_tensors(model, tflite, xs, min_cosine=min_cosine)
+    matched, output = match_tensors(model, tflite, xs, min_cosine=min_cosine, folder=folder)
     parent = list(range(len(nodes)))
 
     def root(i: int) -> int:
