@@ -152,6 +152,7 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
     """The model's figures, and what was prepared for it (directory, graph, units, costs, float inputs), which the
     2-device speedup reuses."""
     from edgeplan.distributed import emulate, launch
+    from edgeplan.graph.model import weights_folder
     from edgeplan.pipeline.multidevice import load
     from edgeplan.plan.multidevice import costs, explore, overhead, spec, units
     from edgeplan.surgery import multidevice
@@ -163,7 +164,8 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
     # split (8 devices x 3 cores) and its verification
     t0 = time.perf_counter()
     model, graph, _, xs = load(d, params)
-    us = units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"], folder=d)
+    us = units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"],
+                    folder=weights_folder(d / "model.onnx"))
     t_units = time.perf_counter() - t0
     order = multidevice.unit_order(us)
     p24 = spec.parse_text("".join(f"dev{i}, cpu, slots=0-2, host=10.0.0.{i + 2}\n" for i in range(DEVICES)), "p24")

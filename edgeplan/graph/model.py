@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -188,7 +187,9 @@ def load_mapped(path, min_bytes: int = 1024) -> onnx.ModelProto:
     length), found by walking the protobuf encoding; external data beside it is checked as ``load_stored`` checks
     it. Only the rest is parsed. For onnxruntime to read from the file (``graph.evaluate``'s ``folder``) and for a
     split's float stages to point at (``surgery.multidevice``); the weights are never copied into this process
-    (VGG-19, 553 MB inline: ``load`` reads and parses it in 0.65 s and holds it; this, a few ms)."""
+    (VGG-19, 553 MB inline: ``load`` reads and parses it in 0.65 s and holds it; this, a few ms). A symbolic link
+    is followed first: the references name the file it leads to, in ``weights_folder(path)`` (onnxruntime refuses
+    data outside the folder it is told)."""
     import mmap
     from pathlib import Path
 
@@ -196,7 +197,7 @@ def load_mapped(path, min_bytes: int = 1024) -> onnx.ModelProto:
 
     from edgeplan.graph import wire
 
-    path = Path(path)
+    path = Path(path).resolve()
     try:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
             graphs = [span for span in wire.fields(data, 0, len(data)) if span.field == wire.MODEL_GRAPH]
@@ -224,6 +225,13 @@ def load_mapped(path, min_bytes: int = 1024) -> onnx.ModelProto:
     for _ in _external_spans(model, path):
         pass
     return model
+
+
+def weights_folder(path):
+    """The folder the weights of ``load_mapped(path)`` are read from: the model file's own, links followed."""
+    from pathlib import Path
+
+    return Path(path).resolve().parent
 
 
 def _external_spans(model: onnx.ModelProto, path):

@@ -8,8 +8,8 @@ from edgeplan.plan.multidevice import spec, units
 
 
 def load(root: Path, params: dict):
-    """The float model, its weights left in ``model.onnx`` (``graph.model.load_mapped``: give ``folder=root`` to
-    what runs it), and the int8 graph, each read once, and two inputs like the calibration set's (seed offset 1,
+    """The float model, its weights left in ``model.onnx`` (``graph.model.load_mapped``: give
+    ``folder=graph.model.weights_folder(root / "model.onnx")`` to what runs it), and the int8 graph, each read once, and two inputs like the calibration set's (seed offset 1,
     as the build's matching) to match the units on; matching's runs on them are also a split's float reference
     (``surgery.multidevice.split``)."""
     from edgeplan.graph.model import GraphView, load_mapped
@@ -27,8 +27,11 @@ def load(root: Path, params: dict):
 
 
 def find_units(root: Path, params: dict) -> units.Units:
+    from edgeplan.graph.model import weights_folder
+
     model, graph, _, xs = load(root, params)
-    return units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"], folder=root)
+    return units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"],
+                      folder=weights_folder(root / "model.onnx"))
 
 
 def platform_for(params: dict, platform_path: str | None, deployment: str | None) -> spec.Platform:
@@ -47,9 +50,11 @@ def platform_for(params: dict, platform_path: str | None, deployment: str | None
 
 
 def split(root: Path, params: dict, mapping_path: Path, platform: spec.Platform, out: Path) -> dict:
+    from edgeplan.graph.model import weights_folder
     from edgeplan.surgery import multidevice
 
     model, graph, cal, xs = load(root, params)
-    us = units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"], folder=root)
+    us = units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"],
+                    folder=weights_folder(root / "model.onnx"))
     mapping = spec.load_mapping(mapping_path, platform, us)
     return multidevice.split(root, us, mapping, platform, out, seed=cal.seed, loaded=(model, graph))

@@ -159,3 +159,20 @@ def test_cli_split_and_bad_mapping(tiny, tmp_path, capsys):
     e = capsys.readouterr().err
     assert "mapped to no key" in e and "Traceback" not in e and len(e.strip().splitlines()) <= 2
     assert (tmp_path / "out" / "int8" / "s1.tflite").is_file()  # the earlier split stays
+
+
+def test_a_model_file_reached_by_a_symbolic_link_is_split_from_the_file_it_leads_to(inception, tmp_path, params):
+    """A deployment's artifact directory may link model.onnx to where it was compiled: the float stages point into
+    (a hard link of) the real file, and onnxruntime, which refuses weights outside the folder it is given, reads
+    them from there."""
+    d, _ = inception
+    linked = tmp_path / "art"
+    linked.mkdir()
+    for f in d.iterdir():
+        (linked / f.name).symlink_to(f)
+    us = pipeline.find_units(linked, params)
+    p = spec.parse_text(PLATFORM, "platform.txt")
+    m = spec.parse_mapping(_interleaved(us, ["edge01_arm0", "edge02_arm"]), p, us)
+    summary = multidevice.split(linked, us, m, p, tmp_path / "md", loaded=pipeline.load(linked, params)[:2])
+    assert summary["verify"]["ok"] and summary["verify"]["float_max_abs_diff"] == 0.0
+    assert (tmp_path / "md" / "float" / "model.onnx").stat().st_ino == (d / "model.onnx").stat().st_ino

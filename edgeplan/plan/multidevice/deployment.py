@@ -33,6 +33,7 @@ OBJECTIVES = {"throughput": lambda p: (p.period_s, p.memory_bytes), "memory": la
 
 def plan_autodice(root: Path, name: str, params: dict, objective: str | None = None,
                   generations: int | None = None, progress=lambda done, total: None) -> tuple[dict, Path]:
+    from edgeplan.graph.model import weights_folder
     from edgeplan.pipeline.multidevice import load
     from edgeplan.pipeline.planning import keep_split, registry_platform, split_model
     from edgeplan.plan.multidevice import costs as costs_mod
@@ -49,7 +50,8 @@ def plan_autodice(root: Path, name: str, params: dict, objective: str | None = N
     model_name, version, d = split_model(root, params, name, "an AutoDiCE split")
     _, platform = registry_platform(params, name, "an AutoDiCE split")
     model, graph, cal, xs = load(d, params)
-    us = units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"], folder=d)
+    us = units.find(model, graph, xs, min_cosine=params["quantize"]["match_min_cosine"],
+                    folder=weights_folder(d / "model.onnx"))
     order = multidevice.unit_order(us)
     cores = min(max(len(x.slots) for x in platform.devices), os.cpu_count() or 1)
     costs = costs_mod.measure(graph, us, order, cores, repeats=int(settings["repeats"]), progress=progress)
