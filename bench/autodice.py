@@ -165,6 +165,8 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
     # front end and back end, as `edgeplan split` runs them: the two models read once, the units, then a 24-key
     # split (8 devices x 3 cores) and its verification; SPLIT_RUNS times, the run of the median total reported (the
     # machine is shared: one run of VGG-19 took 5.3-7.1 s as the page cache held its file or not), all kept
+    p24 = spec.parse_text("".join(f"dev{i}, cpu, slots=0-2, host=10.0.0.{i + 2}\n" for i in range(DEVICES)), "p24")
+    keys = [f"dev{i}_cpu{c}" for i in range(DEVICES) for c in range(3)]
     runs = []
     for _ in range(SPLIT_RUNS):
         t0 = time.perf_counter()
@@ -173,9 +175,6 @@ def bench_model(name: str, zoo: str, work: Path, params: dict, plat8, frames: in
                         folder=weights_folder(d / "model.onnx"))
         t_units = time.perf_counter() - t0
         order = multidevice.unit_order(us)
-        p24 = spec.parse_text("".join(f"dev{i}, cpu, slots=0-2, host=10.0.0.{i + 2}\n" for i in range(DEVICES)),
-                              "p24")
-        keys = [f"dev{i}_cpu{c}" for i in range(DEVICES) for c in range(3)]
         doc = {k: [] for k in keys}
         for pos, u in enumerate(order):
             doc[keys[min(len(keys) - 1, pos * len(keys) // len(order))]] += list(us.units[u].names)

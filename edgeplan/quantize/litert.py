@@ -5,8 +5,13 @@ runs of the same op on the same data give the same bits whichever model the op s
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+# threads for runs whose results are compared bit for bit: integer arithmetic gives the same bits on any number
+EVERY_CORE = os.cpu_count() or 1
 
 
 def interpreter(model: bytes, *, deterministic: bool = True, keep_all: bool = False, threads: int = 1) -> Interpreter:

@@ -15,7 +15,6 @@ What does not match is dropped with the reason.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +25,6 @@ from edgeplan.graph.cuts import Candidate
 from edgeplan.graph.evaluate import tensor_values_each
 from edgeplan.quantize import litert
 from edgeplan.quantize.tflite_graph import TfliteGraph
-
-THREADS = os.cpu_count() or 1  # LiteRT threads: integer arithmetic, the same bits on any number
 
 
 @dataclass(frozen=True)
@@ -60,7 +57,7 @@ def tflite_values_each(model: bytes, xs: np.ndarray, indices: list[int]):
 def _int8_each(model: bytes, xs: np.ndarray, indices: list[int]):
     """Per sample, an iterator of ``(index, dequantized values)`` over the tensors of ``indices`` LiteRT kept,
     each dequantized only when the iterator reaches it (to be used up before the next sample)."""
-    it = litert.interpreter(model, deterministic=True, keep_all=True, threads=THREADS)
+    it = litert.interpreter(model, deterministic=True, keep_all=True, threads=litert.EVERY_CORE)
     inp = it.get_input_details()[0]
     wanted = set(indices)
     details = {d["index"]: d for d in it.get_tensor_details() if d["index"] in wanted}

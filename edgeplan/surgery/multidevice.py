@@ -19,8 +19,6 @@ when verification fails.
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from edgeplan.artifacts import external_data, staged_dir, write_json_atomic
+from edgeplan.artifacts import external_data, link_or_copy, staged_dir, write_json_atomic
 from edgeplan.errors import SpecError
 from edgeplan.graph.model import GraphView, load_mapped, weights_folder
 from edgeplan.graph.wire import external_stub
@@ -43,7 +41,6 @@ from edgeplan.runtime.stream import invoke_named
 from edgeplan.store.base import file_sha256
 
 HEAD = 0
-THREADS = os.cpu_count() or 1  # LiteRT threads of the int8 checks
 
 
 @dataclass(frozen=True)
@@ -96,16 +93,14 @@ def stages(graph: TfliteGraph, units: Units, mapping: Mapping) -> list[Stage]:
 
 
 # ------------------------------------------------------------------------------------------------- float
-def float_stage(model: onnx.ModelProto, view: GraphView, nodes: tuple[int, ...], name: str, path: Path,
-                source: Path | None = None) -> None:
+def float_stage(model: onnx.ModelProto, view: GraphView, nodes: tuple[int, ...], name: str, path: Path) -> None:
     """Write the nodes (a subset, in order) as a model to ``path``: inputs the activations they read and do not
     make, outputs those they make that another node or the model's output reads. An initializer the model holds
-    as external data (``graph.model.load_mapped``: bytes of a file in ``source``, the model's folder) stays
-    where it is: the file is linked beside ``path`` under its name (a hard link, a copy across file systems),
-    once for all stages. Other initializers of 1 KiB or more go to ``path``'s ``.weights`` file, written here from
-    the model's own bytes; the smaller ones stay inline. (onnx's save with external data copied VGG-19's 548 MB
-    twice on the way, and opened the file per tensor: 2.3 s of the 24 sub-models' 3 s; writing them once per
-    split still took 0.5-2 s and 548 MB of disk.)"""
+    as external data (``graph.model.load_mapped``) stays where it is: the caller links its file beside ``path``
+    under its name (``split``). Other initializers of 1 KiB or more go to ``path``'s ``.weights`` file, written
+    here from the model's own bytes; the smaller ones stay inline. (onnx's save with external data copied VGG-19's
+    548 MB twice on the way, and opened the file per tensor: 2.3 s of the 24 sub-models' 3 s; writing them once
+    per split still took 0.5-2 s and 548 MB of disk.)"""
     inside = set(nodes)
     made = {o for i in nodes for o in view.graph.node[i].output if o}
     reads = [x for i in nodes for x in view.graph.node[i].input if x]
@@ -115,13 +110,8 @@ def float_stage(model: onnx.ModelProto, view: GraphView, nodes: tuple[int, ...],
     vi = {v.name: v for v in (*view.graph.input, *view.graph.value_info, *view.graph.output)}
     weights = path.with_suffix(".weights")
     inits, data, offset = [], [], 0
-    held = None  # the model's external data table, made once if needed
     for t in (view.initializers[x] for x in dict.fromkeys(reads) if x in view.initializers):
         if t.data_location == onnx.TensorProto.EXTERNAL:
-            held = external_data(model) if held is None else held
-            if source is None or t.name not in held:
-                raise ValueError(f"float_stage: initializer {t.name!r} is external data not in a file of {source}")
-            _link(source / held[t.name][0], path.parent)
             inits.append(t)
             continue
         raw = t.raw_data  # a copy of the bytes at every read: read once
@@ -138,26 +128,6 @@ def float_stage(model: onnx.ModelProto, view: GraphView, nodes: tuple[int, ...],
                           initializer=inits)
     m = helper.make_model(g, opset_imports=list(model.opset_import), ir_version=model.ir_version)
     path.write_bytes(m.SerializeToString())
-
-
-def _link(src: Path, folder: Path) -> None:
-    """``src`` in ``folder`` under its name: a hard link, else a copy (another file system); kept if there."""
-    dst = folder / src.name
-    if dst.exists():
-        return
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
-
-
-def _float_stages(model: onnx.ModelProto, view: GraphView, stage_list: list[Stage], folder: Path, source: Path,
-                  t0: float) -> float:
-    """Every stage's float model written to ``folder`` (``float_stage``, external data from ``source``); returns
-    when it was done, in seconds after ``t0``."""
-    for s in stage_list:
-        float_stage(model, view, s.nodes, f"s{s.index}", folder / f"s{s.index}.onnx", source)
-    return time.perf_counter() - t0
 
 
 def _float_chain(paths: list[Path], f_in: str, f_out: str, xs: np.ndarray) -> np.ndarray:
@@ -261,8 +231,7 @@ def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: P
     output is the reference, not computed again (VGG-19: a session and two runs, 2.5 s). ``loaded``: the two
     models as the caller already read them from ``root`` (finding the units), not read and parsed again (1.3 s).
 
-    The float stages are written, and the model file hashed, on a second thread while this one cuts the int8
-    stages and checks their chain; the float chain is checked once they are written. ``split_s`` is the time
+    The model file is hashed on a second thread while this one cuts and writes the stages. ``split_s`` is the time
     until both kinds of stage are written, ``total_s`` until verified (VGG-19: 12.0 s -> 6.1 s for matching, split
     and verification together, with the sessions' idle threads sleeping and no prepacked weights:
     ``graph.evaluate.session_options``; 4.4-4.7 s with the weights left in the model's file:
@@ -277,24 +246,23 @@ def split(root: Path, units: Units, mapping: Mapping, platform: Platform, out: P
     view = GraphView(model)
     int8_bytes = graph.data
     stage_list = stages(graph, units, mapping)
-    with staged_dir(out) as scratch, ThreadPoolExecutor(2) as pool:
+    with staged_dir(out) as scratch, ThreadPoolExecutor(1) as pool:
         (scratch / "int8").mkdir()
         (scratch / "float").mkdir()
-        # beside the int8 cuts and their check (this thread): the model file's hash, and the float stages written
-        # (both release the GIL as they read, hash and write); the float chain is checked once they are written
-        onnx_sha = pool.submit(file_sha256, root / "model.onnx")
+        onnx_sha = pool.submit(file_sha256, root / "model.onnx")  # hashlib releases the GIL as it reads
         source = weights_folder(root / "model.onnx")
-        floats = pool.submit(_float_stages, model, view, stage_list, scratch / "float", source, t0)
+        for location in {loc for loc, _, _ in external_data(model).values()}:  # what the float stages point into
+            link_or_copy(source / location, scratch / "float" / location)
         blobs, segs = {}, []
         for s in stage_list:
             data = cut_ops(graph, list(s.ops), f"s{s.index}")
             (scratch / "int8" / f"s{s.index}.tflite").write_bytes(data)
             blobs[f"int8/s{s.index}.tflite"] = hashlib.sha256(data).hexdigest()
             segs.append(data)
-        t_cut = time.perf_counter() - t0
+            float_stage(model, view, s.nodes, f"s{s.index}", scratch / "float" / f"s{s.index}.onnx")
+        t_front = time.perf_counter() - t0
         table = tables(graph, view, units, mapping, platform, stage_list)
         int8 = verify_int8(segs, table, graph, int8_samples, seed)
-        t_front = max(t_cut, floats.result())
         check = verify_float(scratch, table, model, reference, tolerance, source)
         why = "; ".join(w for w in (check.pop("why"), int8.pop("why")) if w)
         check = {**check, **int8, "ok": not why, "why": why}
@@ -351,8 +319,8 @@ def verify_int8(segs: list[bytes], table: dict, graph: TfliteGraph, samples: int
     dt = np_dtype(graph.tensors[graph.inputs[0]])
     out, why = {}, []
     for kernels, deterministic in (("reference", True), ("xnnpack", False)):
-        whole = litert.interpreter(graph.data, deterministic=deterministic, threads=THREADS)
-        its = [litert.interpreter(s, deterministic=deterministic, threads=THREADS) for s in segs]
+        whole = litert.interpreter(graph.data, deterministic=deterministic, threads=litert.EVERY_CORE)
+        its = [litert.interpreter(s, deterministic=deterministic, threads=litert.EVERY_CORE) for s in segs]
         same = 0
         for _ in range(samples):
             x = {i_name: litert.random_value(table["input"]["shape"], dt, rng)}
