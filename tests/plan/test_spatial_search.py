@@ -16,10 +16,12 @@ from edgeplan.plan.spatial.cost import (
     Layer,
     LayerCost,
     Space,
+    equal,
     fit_speed,
     network_bytes,
     network_score,
     proportional,
+    source,
 )
 from edgeplan.plan.spatial.intervals import Window, missing, overlaps
 
@@ -126,6 +128,31 @@ def test_best_k_is_the_k_smallest_scores(inst, k):
     got = search.LayerTree(cost, space, holder).best_k(k)
     assert [v for v, _ in got] == pytest.approx(scores[:k], rel=1e-9)
     assert [cost.score(p, holder) for _, p in got] == pytest.approx(scores[:k], rel=1e-9)
+
+
+def _holder(kind: str, cost: LayerCost, space: Space):
+    return {"proportional": proportional(space.size, cost.devices), "equal": equal(space.size, space.devices),
+            "source": source(cost), "none": None}[kind]
+
+
+HOLDERS = st.sampled_from(["proportional", "equal", "source", "none"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(instances(), HOLDERS)
+def test_the_data_floor_bounds_every_completion(inst, holder_kind):
+    # the tree cuts a node whose partial score plus the least data the devices after it can need is no better
+    # than the best leaf: that least must be below what every partition of the space pays from there on
+    layer, devices, space = inst
+    cost = LayerCost(layer, devices)
+    holder = _holder(holder_kind, cost, space)
+    floor = search.LayerTree(cost, space, holder).data_floor
+    for p in space.enumerate():
+        paid = [cost.data(d, s, e, holder) for d, (s, e) in enumerate(p)]
+        for d in range(space.devices):
+            assert floor[d] <= sum(paid[d:]) + 1e-15
+    value, _ = search.LayerTree(cost, space, holder).search()
+    assert value == pytest.approx(oracle.exhaustive(cost, space, holder)[0], rel=1e-9)
 
 
 def test_counters_are_counted_and_pruning_cuts_most_of_a_large_space():

@@ -5,9 +5,11 @@ The tree (§4.5.1, Fig. 4) has one level per device; a node picks that device's 
 so that scores grow from left to right: starts from "no row shared with the previous device" towards more
 shared rows, and for each start growing sizes. The search is depth first (§4.5.2). A node's bound is what its
 partial partition already costs — the slowest device so far (or the least the remaining devices must take,
-at their minimum sizes), plus the data and overlap terms so far — and a node whose bound is no better than
-the best leaf found is cut with all its larger siblings (Fig. 6): for a fixed start, the time, the input rows
-needed and so the bound only grow with the size. Sub-trees are memoised (§4.5.3): what follows a device ending
+at their minimum sizes), plus the data and overlap terms so far, plus the least data each remaining device
+needs at its cheapest interval (``_data_floor``: at 10 Mbit/s one halo row costs more than a device's compute)
+— and a node whose bound is no better than the best leaf found is cut with all its larger siblings (Fig. 6):
+for a fixed start, the time, the input rows needed and so the bound only grow with the size. A start from
+which no end of the device leads to a partition of the space is not a node. Sub-trees are memoised (§4.5.3): what follows a device ending
 at row ``e`` depends only on ``e`` and the slowest time so far, so a sub-tree met again with those values is
 not searched again (an exact value, or a bound no better than the one that cut it); once the slowest so far
 is below what the remaining devices must take anyway, it is dropped from the key.
@@ -73,6 +75,23 @@ def _rest_floor(cost: LayerCost, space: Space) -> list[list[float]]:
     return floor
 
 
+def _data_floor(cost: LayerCost, space: Space, holder: Partition | None) -> list[float]:
+    """``floor[d]``: the least eq. (8) data term devices ``d..`` can have, each at its cheapest interval of the
+    space (for a start, the data only grows with the end: the smallest end is the cheapest), summed: a bound
+    on the data still to come that no completion beats."""
+    n, m = space.devices, space.size
+    least = []
+    for d in range(n):
+        starts = range(1) if d == 0 else range(max(m - space.hi[d], 0), m - space.lo[d] + 1) if d == n - 1 \
+            else range(1, m - space.lo[d] + 1)
+        least.append(min((cost.data(d, s, space.ends(d, s)[0], holder) for s in starts if space.ends(d, s)),
+                         default=0.0))
+    floor = [0.0] * (n + 1)
+    for d in range(n - 1, -1, -1):
+        floor[d] = floor[d + 1] + least[d]
+    return floor
+
+
 class LayerTree:
     """The best partition of one layer given who holds its input (``holder``) and, optionally, the next
     layer's partition (``following``, with that layer's cost ``nxt``), whose input rows this layer provides."""
@@ -84,6 +103,7 @@ class LayerTree:
         self.nxt, self.following = nxt, following
         self.counters = counters if counters is not None else Counters()
         self.rest_floor = _rest_floor(cost, space)
+        self.data_floor = _data_floor(cost, space, holder)
         self.memo: dict[tuple[int, int, float], tuple[float, Partition | None]] = {}
 
     def search(self, beta: float = math.inf) -> tuple[float, Partition] | None:
@@ -129,10 +149,12 @@ class LayerTree:
         far and the additive terms so far (``acc`` and its own). Scored and cut nodes are counted here."""
         space, cost, c = self.space, self.cost, self.counters
         for s in space.starts(d, e_prev):
+            if not space.startable(d, s):
+                continue  # no end of device d from s is in the space: not a node of the tree
             shared = acc + (cost.shared(d, e_prev - s) if d else 0.0)
             if d:  # a start node: more shared rows only cost more, and the rows left stay at least M - e_prev
                 c.scored += 1
-                if shared + max(slowest, self.rest_floor[d][space.size - e_prev]) >= limit():
+                if shared + self.data_floor[d] + max(slowest, self.rest_floor[d][space.size - e_prev]) >= limit():
                     c.pruned += 1
                     break
             for e in space.ends(d, s):
@@ -141,12 +163,12 @@ class LayerTree:
                 c.scored += 1
                 t = max(slowest, cost.comp(d, s, e))
                 add = shared + cost.data(d, s, e, self.holder)
-                if add + t >= limit():  # grows with e: cut the larger siblings too
+                if add + self.data_floor[d + 1] + t >= limit():  # grows with e: cut the larger siblings too
                     c.pruned += 1
                     break
                 if self.following is not None:
                     add += next_data(self.nxt, d, s, e, self.following)
-                if add + max(t, self.rest_floor[d + 1][space.size - e]) >= limit():
+                if add + self.data_floor[d + 1] + max(t, self.rest_floor[d + 1][space.size - e]) >= limit():
                     c.pruned += 1
                     continue
                 yield s, e, t, add
