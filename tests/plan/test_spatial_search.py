@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ from edgeplan.errors import PlanError
 from edgeplan.plan.spatial import baselines, oracle, search
 from edgeplan.plan.spatial.cost import (
     Device,
+    Joined,
     Layer,
     LayerCost,
     Space,
@@ -146,13 +148,40 @@ def test_the_data_floor_bounds_every_completion(inst, holder_kind):
     layer, devices, space = inst
     cost = LayerCost(layer, devices)
     holder = _holder(holder_kind, cost, space)
-    floor = search.LayerTree(cost, space, holder).data_floor
+    tree = search.LayerTree(cost, space, holder)
+    least = math.inf
     for p in space.enumerate():
         paid = [cost.data(d, s, e, holder) for d, (s, e) in enumerate(p)]
+        least = min(least, sum(paid))
         for d in range(space.devices):
-            assert floor[d] <= sum(paid[d:]) + 1e-15
+            assert tree.data_floor[d] <= sum(paid[d:]) + 1e-15
+            assert tree.data_after[d][p[d - 1][1] if d else 0] <= sum(paid[d:]) + 1e-15
+    assert tree.data_after[0][0] == pytest.approx(least, rel=1e-12, abs=1e-15)  # the DP is exact on the data
     value, _ = search.LayerTree(cost, space, holder).search()
     assert value == pytest.approx(oracle.exhaustive(cost, space, holder)[0], rel=1e-9)
+
+
+@settings(max_examples=80, deadline=None)
+@given(windows(), st.data())
+def test_data_grid_is_data_interval_by_interval(w, data):
+    n = data.draw(st.integers(2, 3))
+    devices = _devices([1.0, 0.45, 0.22][:n], data.draw(st.sampled_from([2e3, 2e6])))
+    cost = LayerCost(Layer("l", w, w.out_size * 100, 16, 16), devices)
+
+    def partition():
+        edges = sorted(data.draw(st.lists(st.integers(0, w.in_size), min_size=2 * n, max_size=2 * n)))
+        return tuple(zip(edges[::2], edges[1::2]))
+
+    holder = data.draw(st.sampled_from([None, partition(), Joined((partition(), partition()))]))
+    s, e = np.triu_indices(w.out_size + 1, 1)
+    for d in range(n):
+        want = []
+        for a, b in zip(s, e):
+            try:
+                want.append(cost.data(d, int(a), int(b), holder))
+            except ValueError:  # reads only padding: no partition holds it; the grid says 0 rows
+                want.append(0.0)
+        assert cost.data_grid(d, s, e, holder).tolist() == pytest.approx(want, rel=1e-12, abs=0)
 
 
 def test_counters_are_counted_and_pruning_cuts_most_of_a_large_space():

@@ -215,6 +215,43 @@ class LayerCost:
         """Eq. (8), device ``d``'s term."""
         return self.rows_in(d, s, e, holder) * self.layer.in_row_bytes / float(self.bw[d])
 
+    @cached_property
+    def _hull(self) -> tuple[np.ndarray, np.ndarray]:
+        """``first[s]``, ``last[e]``: the first input row that output rows from ``s`` read, and the row after the
+        last one that output rows up to ``e`` read. For an interval of at least ``dilation`` rows ``window.needs``
+        is ``(first[s], last[e])``; -1 where a short interval reads only padding."""
+        w = self.layer.window
+        first, last = np.full(w.out_size, -1), np.full(w.out_size + 1, -1)
+        for r in range(w.out_size):
+            for at, interval, side in ((first, (r, min(r + w.dilation, w.out_size)), 0),
+                                       (last, (max(r + 1 - w.dilation, 0), r + 1), 1)):
+                try:
+                    at[r + side] = w.needs(interval)[side]
+                except ValueError:
+                    pass
+        return first, last
+
+    def data_grid(self, d: int, s: np.ndarray, e: np.ndarray, holder: Partition | None) -> np.ndarray:
+        """``data(d, s, e, holder)`` over arrays of starts and ends (broadcast; every ``s < e``), at numpy speed.
+        An interval no ``needs`` can be read for (it reads only padding) gets 0 rows: the caller takes bounds."""
+        s, e = np.broadcast_arrays(np.asarray(s), np.asarray(e))
+        if holder is None:
+            return np.zeros(s.shape)
+        first, last = self._hull
+        ns, ne = first[s], last[e]
+        exact = (e - s >= self.layer.window.dilation) & (ns >= 0) & (ne >= 0)
+        rows = np.zeros(s.shape, dtype=np.int64)
+        for held in _parts(holder):
+            hs, he = held[d]
+            rows += np.where(ns < hs, np.maximum(np.minimum(hs, ne) - ns, 0), 0)
+            rows += np.where(ne > he, np.maximum(ne - np.maximum(ns, he), 0), 0)
+        for at in zip(*np.nonzero(~exact)):  # short intervals under a dilation, and padding: one by one
+            try:
+                rows[at] = self.rows_in(d, int(s[at]), int(e[at]), holder)
+            except ValueError:
+                rows[at] = 0
+        return rows * self.layer.in_row_bytes / float(self.bw[d])
+
     def shared(self, d: int, rows: int) -> float:
         """Eqs. (9)–(10) for a band of ``rows`` devices ``d-1`` and ``d`` both compute."""
         return rows * float(self.row_s[d - 1] + self.row_s[d])
@@ -231,6 +268,15 @@ class LayerCost:
 
     def bytes_in(self, p: Partition, holder: Partition | None) -> int:
         return sum(self.rows_in(d, s, e, holder) for d, (s, e) in enumerate(p)) * self.layer.in_row_bytes
+
+
+def _parts(holder: Partition) -> Iterator[Partition]:
+    """The partitions a holder is made of: itself, or each input's of a ``Joined`` one."""
+    if isinstance(holder, Joined):
+        for h in holder:
+            yield from _parts(h)
+    else:
+        yield holder
 
 
 def next_data(nxt: LayerCost, d: int, s: int, e: int, following: Partition) -> float:

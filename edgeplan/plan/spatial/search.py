@@ -1,18 +1,19 @@
 """ADaPS search (§4.5): one layer's ordered tree with alpha-beta pruning and memoised sub-trees, and the layer
 recursion of eq. (12) over a chain of layers.
 
-The tree (§4.5.1, Fig. 4) has one level per device; a node picks that device's interval. Children are ordered
-so that scores grow from left to right: starts from "no row shared with the previous device" towards more
-shared rows, and for each start growing sizes. The search is depth first (§4.5.2). A node's bound is what its
-partial partition already costs — the slowest device so far (or the least the remaining devices must take,
-at their minimum sizes), plus the data and overlap terms so far, plus the least data each remaining device
-needs at its cheapest interval (``_data_floor``: at 10 Mbit/s one halo row costs more than a device's compute)
-— and a node whose bound is no better than the best leaf found is cut with all its larger siblings (Fig. 6):
-for a fixed start, the time, the input rows needed and so the bound only grow with the size. A start from
-which no end of the device leads to a partition of the space is not a node. Sub-trees are memoised (§4.5.3): what follows a device ending
-at row ``e`` depends only on ``e`` and the slowest time so far, so a sub-tree met again with those values is
-not searched again (an exact value, or a bound no better than the one that cut it); once the slowest so far
-is below what the remaining devices must take anyway, it is dropped from the key.
+The tree (§4.5.1, Fig. 4) has one level per device; a node picks that device's interval. Children are ordered so
+that scores grow from left to right: starts from "no row shared with the previous device" towards more shared rows,
+and for each start growing sizes. The search is depth first (§4.5.2). A node's bound is what its partial partition
+already costs — the slowest device so far (or the least the remaining devices must take, at their minimum sizes),
+plus the data and overlap terms so far, plus the least data the remaining devices need between them from where they
+must start (``_data_dp``, an exact dynamic programme over the data term alone; at 10 Mbit/s one halo row costs more
+than a device's compute; a node's larger siblings are cut with the position-free ``_data_floor``, which keeps the
+bound growing with the size) — and a node whose bound is no better than the best leaf found is cut with all its
+larger siblings (Fig. 6): for a fixed start, the time, the input rows needed and so the bound only grow with the
+size. A start from which no end of the device leads to a partition of the space is not a node. Sub-trees are
+memoised (§4.5.3): what follows a device ending at row ``e`` depends only on ``e`` and the slowest time so far, so a
+sub-tree met again with those values is not searched again (an exact value, or a bound no better than the one that
+cut it); once the slowest so far is below what the remaining devices must take anyway, it is dropped from the key.
 
 The counters are counted, never estimated: ``scored`` nodes (the "visited" of Table 6), memo hits, and pruned
 sub-trees.
@@ -33,6 +34,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from edgeplan.plan.spatial.cost import (
     Device,
     Layer,
@@ -51,6 +54,7 @@ class Counters:
     scored: int = 0
     memo_hits: int = 0
     pruned: int = 0
+    bound_terms: int = 0  # intervals whose data term the bounds' dynamic programme evaluated (not tree nodes)
 
 
 def _rest_floor(cost: LayerCost, space: Space) -> list[list[float]]:
@@ -92,6 +96,41 @@ def _data_floor(cost: LayerCost, space: Space, holder: Partition | None) -> list
     return floor
 
 
+def _data_dp(cost: LayerCost, space: Space, holder: Partition | None) -> tuple[np.ndarray, int]:
+    """``g[d, e_prev]``: the least eq. (8) data devices ``d..`` can need between them after a device ending at
+    ``e_prev`` — the data term alone minimised exactly over the space's completions by dynamic programming over
+    (device, end), every interval's term at once (``LayerCost.data_grid``): a bound no completion beats, which
+    knows where the remaining devices must start (``_data_floor`` does not). Also returns how many intervals' terms
+    it evaluated."""
+    n, m = space.devices, space.size
+    g = np.full((n + 1, m + 1), math.inf)
+    g[n, m] = 0.0
+    starts = np.arange(m)[:, None]
+    terms = 0
+    for d in range(n - 1, -1, -1):
+        if d == n - 1:
+            ends = np.full((m, 1), m)
+            valid = (space.lo[d] <= m - starts) & (m - starts <= space.hi[d])
+        else:
+            ends = starts + space.lo[d] + np.arange(space.hi[d] - space.lo[d] + 1)[None, :]
+            valid = ends <= m - (n - 1 - d)
+        ends = np.minimum(ends, m)
+        after = np.where(valid, g[d + 1, ends], math.inf)
+        best = np.full(m, math.inf)  # per start, its cheapest end
+        rows = np.isfinite(after).any(axis=1)
+        if rows.any():
+            s, e = np.broadcast_arrays(starts[rows], ends[rows])
+            best[rows] = (cost.data_grid(d, s, e, holder) + after[rows]).min(axis=1)
+            terms += s.size
+        if d == 0:
+            g[0, 0] = best[0]
+            continue
+        for k in range(space.shared_max(d) + 1):  # starts(d, e_prev): e_prev - k, k shared rows
+            top = min(m + k, m + 1)
+            g[d, k:top] = np.minimum(g[d, k:top], best[:top - k])
+    return g, terms
+
+
 class LayerTree:
     """The best partition of one layer given who holds its input (``holder``) and, optionally, the next
     layer's partition (``following``, with that layer's cost ``nxt``), whose input rows this layer provides."""
@@ -104,6 +143,9 @@ class LayerTree:
         self.counters = counters if counters is not None else Counters()
         self.rest_floor = _rest_floor(cost, space)
         self.data_floor = _data_floor(cost, space, holder)
+        after, terms = _data_dp(cost, space, holder)
+        self.data_after = after.tolist()  # [d][e_prev]
+        self.counters.bound_terms += terms
         self.memo: dict[tuple[int, int, float], tuple[float, Partition | None]] = {}
 
     def search(self, beta: float = math.inf) -> tuple[float, Partition] | None:
@@ -154,7 +196,8 @@ class LayerTree:
             shared = acc + (cost.shared(d, e_prev - s) if d else 0.0)
             if d:  # a start node: more shared rows only cost more, and the rows left stay at least M - e_prev
                 c.scored += 1
-                if shared + self.data_floor[d] + max(slowest, self.rest_floor[d][space.size - e_prev]) >= limit():
+                if shared + self.data_after[d][e_prev] + max(slowest, self.rest_floor[d][space.size - e_prev]) \
+                        >= limit():
                     c.pruned += 1
                     break
             for e in space.ends(d, s):
@@ -168,7 +211,7 @@ class LayerTree:
                     break
                 if self.following is not None:
                     add += next_data(self.nxt, d, s, e, self.following)
-                if add + self.data_floor[d + 1] + max(t, self.rest_floor[d + 1][space.size - e]) >= limit():
+                if add + self.data_after[d + 1][e] + max(t, self.rest_floor[d + 1][space.size - e]) >= limit():
                     c.pruned += 1
                     continue
                 yield s, e, t, add
