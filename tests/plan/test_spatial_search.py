@@ -153,10 +153,13 @@ def test_the_data_floor_bounds_every_completion(inst, holder_kind):
     for p in space.enumerate():
         paid = [cost.data(d, s, e, holder) for d, (s, e) in enumerate(p)]
         least = min(least, sum(paid))
-        for d in range(space.devices):
-            assert tree.data_floor[d] <= sum(paid[d:]) + 1e-15
-            assert tree.data_after[d][p[d - 1][1] if d else 0] <= sum(paid[d:]) + 1e-15
-    assert tree.data_after[0][0] == pytest.approx(least, rel=1e-12, abs=1e-15)  # the DP is exact on the data
+        for d, (s, e) in enumerate(p):
+            assert tree.data.floor[d] <= sum(paid[d:]) + 1e-15
+            assert tree.data.after[d][p[d - 1][1] if d else 0] <= sum(paid[d:]) + 1e-15
+            assert tree.data.startable[d][s]
+            assert tree.data.terms[d][s][0 if d == space.devices - 1 else e - s - space.lo[d]] == pytest.approx(
+                paid[d], rel=1e-12, abs=0)
+    assert tree.data.after[0][0] == pytest.approx(least, rel=1e-12, abs=1e-15)  # the DP is exact on the data
     value, _ = search.LayerTree(cost, space, holder).search()
     assert value == pytest.approx(oracle.exhaustive(cost, space, holder)[0], rel=1e-9)
 

@@ -146,19 +146,6 @@ class Space:
     def feasible(self, d: int, e_prev: int) -> bool:
         return self.completions[d][e_prev] > 0
 
-    def startable(self, d: int, s: int) -> bool:
-        """Some end of device ``d`` starting at ``s`` leaves the devices after it a way to finish."""
-        return any(self.feasible(d + 1, e) for e in self.ends(d, s))
-
-    def holds(self, p: Partition) -> bool:
-        """``p`` is one of the space's partitions."""
-        e_prev = 0
-        for d, (s, e) in enumerate(p):
-            if s not in self.starts(d, e_prev) or e not in self.ends(d, s):
-                return False
-            e_prev = e
-        return len(p) == self.devices
-
     def enumerate(self) -> Iterator[Partition]:
         def walk(d: int, e_prev: int, head: Partition) -> Iterator[Partition]:
             if d == self.devices:

@@ -6,8 +6,8 @@ that scores grow from left to right: starts from "no row shared with the previou
 and for each start growing sizes. The search is depth first (§4.5.2). A node's bound is what its partial partition
 already costs — the slowest device so far (or the least the remaining devices must take, at their minimum sizes),
 plus the data and overlap terms so far, plus the least data the remaining devices need between them from where they
-must start (``_data_dp``, an exact dynamic programme over the data term alone; at 10 Mbit/s one halo row costs more
-than a device's compute; a node's larger siblings are cut with the position-free ``_data_floor``, which keeps the
+must start (``_data_table``, an exact dynamic programme over the data term alone; at 10 Mbit/s one halo row costs more
+than a device's compute; a node's larger siblings are cut with its position-free floor, which keeps the
 bound growing with the size) — and a node whose bound is no better than the best leaf found is cut with all its
 larger siblings (Fig. 6): for a fixed start, the time, the input rows needed and so the bound only grow with the
 size. A start from which no end of the device leads to a partition of the space is not a node. Sub-trees are
@@ -79,34 +79,29 @@ def _rest_floor(cost: LayerCost, space: Space) -> list[list[float]]:
     return floor
 
 
-def _data_floor(cost: LayerCost, space: Space, holder: Partition | None) -> list[float]:
-    """``floor[d]``: the least eq. (8) data term devices ``d..`` can have, each at its cheapest interval of the
-    space (for a start, the data only grows with the end: the smallest end is the cheapest), summed: a bound
-    on the data still to come that no completion beats."""
-    n, m = space.devices, space.size
-    least = []
-    for d in range(n):
-        starts = range(1) if d == 0 else range(max(m - space.hi[d], 0), m - space.lo[d] + 1) if d == n - 1 \
-            else range(1, m - space.lo[d] + 1)
-        least.append(min((cost.data(d, s, space.ends(d, s)[0], holder) for s in starts if space.ends(d, s)),
-                         default=0.0))
-    floor = [0.0] * (n + 1)
-    for d in range(n - 1, -1, -1):
-        floor[d] = floor[d + 1] + least[d]
-    return floor
+@dataclass
+class _DataTable:
+    """Eq. (8)'s data term of every interval of one layer's space, and two bounds made from it (``_data_table``)."""
+
+    terms: list[list[list[float]]]  # [d][s][e - first end]: device d's data term for [s, e)
+    startable: list[list[bool]]  # [d][s]: some end of device d from s leads to a partition of the space
+    after: list[list[float]]  # [d][e_prev]: the least data devices d.. need after a device ending at e_prev
+    floor: list[float]  # [d]: the least data devices d.. need, wherever they start (grows with nothing)
+    count: int  # intervals evaluated
 
 
-def _data_dp(cost: LayerCost, space: Space, holder: Partition | None) -> tuple[np.ndarray, int]:
-    """``g[d, e_prev]``: the least eq. (8) data devices ``d..`` can need between them after a device ending at
-    ``e_prev`` — the data term alone minimised exactly over the space's completions by dynamic programming over
-    (device, end), every interval's term at once (``LayerCost.data_grid``): a bound no completion beats, which
-    knows where the remaining devices must start (``_data_floor`` does not). Also returns how many intervals' terms
-    it evaluated."""
+def _data_table(cost: LayerCost, space: Space, holder: Partition | None) -> _DataTable:
+    """Every interval's data term at once (``LayerCost.data_grid``), and from them the least data devices ``d..``
+    can need between them: after a device ending at ``e_prev`` — the data term alone minimised exactly over the
+    space's completions by dynamic programming over (device, end), a bound no completion beats that knows where the
+    remaining devices must start — and, position-free, the sum of each device's cheapest interval."""
     n, m = space.devices, space.size
     g = np.full((n + 1, m + 1), math.inf)
     g[n, m] = 0.0
     starts = np.arange(m)[:, None]
-    terms = 0
+    terms: list[list[list[float]]] = [[] for _ in range(n)]
+    startable: list[list[bool]] = [[] for _ in range(n)]
+    least, count = [0.0] * n, 0
     for d in range(n - 1, -1, -1):
         if d == n - 1:
             ends = np.full((m, 1), m)
@@ -116,19 +111,28 @@ def _data_dp(cost: LayerCost, space: Space, holder: Partition | None) -> tuple[n
             valid = ends <= m - (n - 1 - d)
         ends = np.minimum(ends, m)
         after = np.where(valid, g[d + 1, ends], math.inf)
-        best = np.full(m, math.inf)  # per start, its cheapest end
         rows = np.isfinite(after).any(axis=1)
+        if d == 0:
+            rows[1:] = False  # the first device starts at row 0
+        data = np.full(ends.shape, math.inf)
+        best = np.full(m, math.inf)  # per start, its cheapest end
         if rows.any():
             s, e = np.broadcast_arrays(starts[rows], ends[rows])
-            best[rows] = (cost.data_grid(d, s, e, holder) + after[rows]).min(axis=1)
-            terms += s.size
+            data[rows] = cost.data_grid(d, s, e, holder)
+            best[rows] = (data[rows] + after[rows]).min(axis=1)
+            least[d] = float(np.where(valid[rows], data[rows], math.inf).min())
+            count += s.size
+        terms[d], startable[d] = data.tolist(), rows.tolist()
         if d == 0:
             g[0, 0] = best[0]
             continue
         for k in range(space.shared_max(d) + 1):  # starts(d, e_prev): e_prev - k, k shared rows
             top = min(m + k, m + 1)
             g[d, k:top] = np.minimum(g[d, k:top], best[:top - k])
-    return g, terms
+    floor = [0.0] * (n + 1)
+    for d in range(n - 1, -1, -1):
+        floor[d] = floor[d + 1] + least[d]
+    return _DataTable(terms, startable, g.tolist(), floor, count)
 
 
 class LayerTree:
@@ -142,10 +146,8 @@ class LayerTree:
         self.nxt, self.following = nxt, following
         self.counters = counters if counters is not None else Counters()
         self.rest_floor = _rest_floor(cost, space)
-        self.data_floor = _data_floor(cost, space, holder)
-        after, terms = _data_dp(cost, space, holder)
-        self.data_after = after.tolist()  # [d][e_prev]
-        self.counters.bound_terms += terms
+        self.data = _data_table(cost, space, holder)
+        self.counters.bound_terms += self.data.count
         self.memo: dict[tuple[int, int, float], tuple[float, Partition | None]] = {}
 
     def search(self, beta: float = math.inf) -> tuple[float, Partition] | None:
@@ -189,29 +191,30 @@ class LayerTree:
         """Device ``d``'s intervals after a device ending at ``e_prev`` whose bound is below ``limit()`` (read
         at every node: the caller lowers it as leaves are found), in tree order, each with the slowest time so
         far and the additive terms so far (``acc`` and its own). Scored and cut nodes are counted here."""
-        space, cost, c = self.space, self.cost, self.counters
+        space, cost, c, data = self.space, self.cost, self.counters, self.data
+        last = space.devices - 1
         for s in space.starts(d, e_prev):
-            if not space.startable(d, s):
-                continue  # no end of device d from s is in the space: not a node of the tree
+            if not data.startable[d][s]:
+                continue  # no end of device d from s leads to a partition of the space: not a node of the tree
             shared = acc + (cost.shared(d, e_prev - s) if d else 0.0)
             if d:  # a start node: more shared rows only cost more, and the rows left stay at least M - e_prev
                 c.scored += 1
-                if shared + self.data_after[d][e_prev] + max(slowest, self.rest_floor[d][space.size - e_prev]) \
-                        >= limit():
+                if shared + data.after[d][e_prev] + max(slowest, self.rest_floor[d][space.size - e_prev]) >= limit():
                     c.pruned += 1
                     break
+            terms, first = data.terms[d][s], space.size if d == last else s + space.lo[d]
             for e in space.ends(d, s):
                 if not space.feasible(d + 1, e):
                     continue
                 c.scored += 1
                 t = max(slowest, cost.comp(d, s, e))
-                add = shared + cost.data(d, s, e, self.holder)
-                if add + self.data_floor[d + 1] + t >= limit():  # grows with e: cut the larger siblings too
+                add = shared + terms[e - first]
+                if add + data.floor[d + 1] + t >= limit():  # grows with e: cut the larger siblings too
                     c.pruned += 1
                     break
                 if self.following is not None:
                     add += next_data(self.nxt, d, s, e, self.following)
-                if add + self.data_after[d + 1][e] + max(t, self.rest_floor[d + 1][space.size - e]) >= limit():
+                if add + data.after[d + 1][e] + max(t, self.rest_floor[d + 1][space.size - e]) >= limit():
                     c.pruned += 1
                     continue
                 yield s, e, t, add
