@@ -10,8 +10,9 @@ What runs (no flags needed):
   proportional split of the layer's input. Per cell: the space (log10, counted by the space's own DP, which
   tests check against enumeration), the tree's scored nodes ("visited"), memo hits, pruned sub-trees, the
   interval data terms its bound's dynamic programme evaluated (``bound_terms``: work beside the visited nodes,
-  not counted in them), the pruning factor log10(space / visited), and the best score against the exhaustive search (D = 2; D = 4 at
-  5-10 %) and the exact per-layer DP (every cell). Headline: the largest visited / paper's visited.
+  not counted in them), the pruning factor log10(space / visited), and the best score against the exhaustive
+  search (D = 2; D = 4 at 5-10 %) and the exact per-layer DP (every cell). Headline: the largest visited /
+  paper's visited.
 - ``gap_max``: whole-network search vs the exact chain DP, two devices, VGG16 and AlexNet, 10 and 100 Mbit/s,
   at the paper's thresholds (5 % VGG16, 15 % otherwise) and at 15 % for VGG16 too.
 - ``search_s``: every network at 2 and 4 devices and both links at the paper's threshold, CPU seconds of the
@@ -246,10 +247,12 @@ def execution(speeds: dict) -> dict:
     runs = [(net, n, link, thr, f"{net}/{n}dev/{link}") for net, (_, thr) in RUN_NETWORKS.items() for n in (2, 4)
             for link in LINKS]
     runs += [(net, n, link, thr, f"{net}/{n}dev/{link}@{thr:g}") for net, n, link, thr in RUN_ALSO]
-    cells = {}
+    cells, regions = {}, {}
     for net, n, link, thr, key in runs:
-        art = compiled(WORK, RUN_NETWORKS[net][0], log)
-        float_region = region(GraphView(onnx.load(str(art / "model.onnx"), load_external_data=False)), "H")
+        if net not in regions:  # each network's model read once (VGG16's model.onnx: 553 MB)
+            art = compiled(WORK, RUN_NETWORKS[net][0], log)
+            regions[net] = art, region(GraphView(onnx.load(str(art / "model.onnx"), load_external_data=False)), "H")
+        art, float_region = regions[net]
         layers = list(float_region.layers)
         devices = devices_for(n, speeds, LINKS[link])
         plans = {"adaps": search.search_network(layers, devices, thr),

@@ -194,9 +194,7 @@ class LayerCost:
         """Eqs. (6)–(7): input rows device ``d`` needs for ``[s, e)`` and does not hold."""
         if holder is None:
             return 0
-        if isinstance(holder, Joined):
-            return sum(self.rows_in(d, s, e, h) for h in holder)
-        return sum(missing(self.layer.window.needs((s, e)), holder[d]))
+        return sum(sum(missing(self.layer.window.needs((s, e)), held[d])) for held in _parts(holder))
 
     def data(self, d: int, s: int, e: int, holder: Partition | None) -> float:
         """Eq. (8), device ``d``'s term."""
@@ -230,6 +228,7 @@ class LayerCost:
         rows = np.zeros(s.shape, dtype=np.int64)
         for held in _parts(holder):
             hs, he = held[d]
+            # intervals.missing, before and after the held rows, over arrays
             rows += np.where(ns < hs, np.maximum(np.minimum(hs, ne) - ns, 0), 0)
             rows += np.where(ne > he, np.maximum(ne - np.maximum(ns, he), 0), 0)
         for at in zip(*np.nonzero(~exact)):  # short intervals under a dilation, and padding: one by one
