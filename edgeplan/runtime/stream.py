@@ -1,8 +1,10 @@
 """Streamed int8 execution (FlashMem §4, the CPU analogue): reader threads (``READERS``, taking the segments
 in turn) read each segment's blob in planned pieces (``pread``: the GIL is released) when the compute thread
-reaches each piece's planned position and check its sha256; a builder thread builds its interpreter (which
-holds the GIL) at the planned position, in the shadow of an invoke, while the readers go on; the compute
-thread invokes the segments in order and drops each after use. numpy + ai-edge-litert + the standard library.
+reaches each piece's planned position and check its sha256; a preloader thread reads the preloaded segments
+as the request starts; a builder thread builds each interpreter (which holds the GIL) at its planned position
+(a preloaded one in the first shadow it can take), in the shadow of an invoke, while the readers go on; the
+compute thread invokes the segments in order and drops each after use. numpy + ai-edge-litert + the standard
+library.
 
 Modes (``schedule``): ``serial`` (each segment read and built when its turn comes: no overlap),
 ``always-next`` (segment k+1 read and built while k runs), ``same-op-type`` (read ahead to the next segment
@@ -59,7 +61,7 @@ class Step:
 @dataclass
 class SegmentLog:
     planned_build: int
-    built_at: int = -2  # the compute position when the build finished (-1: before the run)
+    built_at: int = -2  # the compute position when its build began (-1: before the first invoke)
     read_ms: float = 0.0
     build_ms: float = 0.0
     stall_ms: float = 0.0
@@ -220,13 +222,11 @@ class Streamer:
         log = RunLog(self.mode, [SegmentLog(s.build) for s in self.steps])
         t0 = time.perf_counter()
         cond = threading.Condition()
-        state = {"at": -1, "read": {}, "ready": {}, "error": None}
-        for k, step in enumerate(self.steps):  # preloaded: read and built before the first invoke
-            if step.build < 0:
-                data = self._read(k, step, log.segments[k], lambda pos: True)
-                state["ready"][k] = self._build(k, data, log.segments[k], -1)
-        state["next_read"] = 0
-        loaders = [*[self._reader] * self.readers, self._builder]
+        state = {"at": -1, "read": {}, "ready": {}, "error": None, "next_read": 0, "lead": self._lead()}
+        for k in range(state["lead"]):  # the preloaded segments the run starts with: read and built first
+            data = self._read(k, self.steps[k], log.segments[k], lambda pos: True)
+            state["ready"][k] = self._build(k, data, log.segments[k], -1)
+        loaders = [self._preloader, *[self._reader] * self.readers, self._builder]
         workers = [threading.Thread(target=fn, args=(cond, state, log), name=f"edgeplan-stream-{fn.__name__[1:]}",
                                     daemon=True) for fn in loaders]
         for w in workers:
@@ -262,6 +262,10 @@ class Streamer:
                 w.join()
         log.seconds = time.perf_counter() - t0
         return out, log
+
+    def _lead(self) -> int:
+        """How many preloaded segments the run starts with (the first runs before any other is read)."""
+        return next((k for k, step in enumerate(self.steps) if step.build >= 0), len(self.steps))
 
     def _last_use(self) -> dict[str, int]:
         """Activation name -> the last position that reads it (dropped from the live set after it)."""
@@ -305,6 +309,22 @@ class Streamer:
             raise errors[0]
         return time.perf_counter() - t0
 
+    def _preloader(self, cond: threading.Condition, state: dict, log: RunLog) -> None:
+        """Reads the preloaded segments (build -1: resident from the start in the plan's arithmetic) after the
+        ones the run starts with in turn as the request starts, beside the first invokes. Read and built by the
+        compute thread before its first invoke, as the leading ones are, VGG19's two preloaded fc1 parts (29 MB)
+        held it 52 ms (cold) while the conv layers they are not needed before ran for 125 ms."""
+        def read_all():
+            for k, step in enumerate(self.steps):
+                if step.build < 0 and k >= state["lead"]:
+                    self._hand(cond, state, "read", k,
+                               self._read(k, step, log.segments[k], lambda pos: self._running(state)))
+
+        self._guard(cond, state, read_all)
+
+    def _running(self, state: dict) -> bool:
+        return state["error"] is None and state["at"] < len(self.segments)
+
     def _reader(self, cond: threading.Condition, state: dict, log: RunLog) -> None:
         def reached(pos: int) -> bool:
             with cond:
@@ -325,16 +345,18 @@ class Streamer:
         self._guard(cond, state, read_all)
 
     def _builder(self, cond: threading.Condition, state: dict, log: RunLog) -> None:
+        """Builds, of the segments read and at or past their planned position, the one the compute thread needs
+        first: a preloaded segment (due from the start) is built in whatever shadow comes before its turn."""
         def build_all():
-            for k, step in enumerate(self.steps):
-                if step.build < 0:
-                    continue
+            todo = list(range(state["lead"], len(self.steps)))
+            while todo:
                 with cond:
-                    while (k not in state["read"] or state["at"] < step.build) and state["error"] is None \
-                            and state["at"] < len(self.segments):
+                    while self._running(state) and (k := next((k for k in todo if k in state["read"] and
+                                                               state["at"] >= self.steps[k].build), None)) is None:
                         cond.wait()
-                    if state["error"] is not None or state["at"] >= len(self.segments):
+                    if not self._running(state):
                         return
+                    todo.remove(k)
                     data = state["read"].pop(k)
                     at = state["at"]
                 self._hand(cond, state, "ready", k, self._build(k, data, log.segments[k], at))

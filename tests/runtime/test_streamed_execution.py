@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -71,11 +70,24 @@ def test_the_plan_streams_and_loads_where_planned(streamed, readers):
         np.testing.assert_array_equal(out[k], want[k])
     for k, (step, entry) in enumerate(zip(steps, log.segments)):
         assert entry.planned_build == step.build
-        if step.build < 0:
-            assert entry.built_at == -1
-        else:  # never before the planned position; at its own turn only as a stall (a busy host)
-            assert step.build <= entry.built_at <= k
-            assert entry.built_at < k or entry.stall_ms > 0
+        # never before the planned position (a preloaded segment's, -1, is the start); at its own turn only as a
+        # stall (a busy host)
+        assert step.build <= entry.built_at <= k
+        assert entry.built_at < k or entry.stall_ms > 0
+
+
+def test_a_later_preloaded_segment_loads_beside_the_first_invokes(streamed):
+    """A preloaded segment that is not the first to run is read and built while the run goes on (the plan counts
+    it resident from the start either way), not before the first invoke; the run gives the same bits."""
+    _, plan, segs, x, want = streamed
+    steps = stream.schedule(segs, "always-next", plan)
+    late = len(steps) - 1
+    steps[late] = stream.Step(((0, segs[late].size),), -1)
+    out, log = stream.Streamer(segs, steps, INTERPRETER).run(x)
+    for k in want:
+        np.testing.assert_array_equal(out[k], want[k])
+    assert log.segments[0].built_at == -1  # the first, as before: read and built before the first invoke
+    assert 0 <= log.segments[late].built_at <= late and log.segments[late].planned_build == -1
 
 
 def test_outputs_outlive_their_interpreter(streamed):
