@@ -90,6 +90,23 @@ def test_a_later_preloaded_segment_loads_beside_the_first_invokes(streamed):
     assert 0 <= log.segments[late].built_at <= late and log.segments[late].planned_build == -1
 
 
+def test_a_corrupt_later_preloaded_segment_fails_the_request_naming_it(streamed, tmp_path):
+    """The preloader's check fails the request as a reader's does (no hang, the segment named)."""
+    _, plan, segs, x, _ = streamed
+    late = len(segs) - 1
+    blob = bytearray(segs[late].path.read_bytes())
+    blob[-1] ^= 0xFF
+    bad = tmp_path / segs[late].path.name
+    bad.write_bytes(bytes(blob))
+    broken = list(segs)
+    broken[late] = stream.Segment(bad, segs[late].sha256, segs[late].size, segs[late].op, segs[late].first_layer,
+                                  segs[late].last_layer, segs[late].inputs)
+    steps = stream.schedule(broken, "always-next", plan)
+    steps[late] = stream.Step(((0, broken[late].size),), -1)
+    with pytest.raises(stream.StreamError, match=rf"segment {late} \({bad.name}\).*do not match sha256"):
+        stream.Streamer(broken, steps, INTERPRETER).run(x)
+
+
 def test_outputs_outlive_their_interpreter(streamed):
     """invoke_named hands out get_tensor's copies (no second copy): another invoke and the interpreter's end
     leave them as they were."""
