@@ -1,12 +1,17 @@
 """The latency predictor (FlashMem §4.2's XGBoost regression, applied to whole segments): graph features of a
 segment, a thread count and a device class -> CPU latency.
 
-Trees do not extrapolate, so the model never sees raw sizes as its target: it predicts the logarithm of the
-time per unit of work, where work = MACs + activation bytes moved, from scale-free features (the op mix as
-fractions of MACs and of ops, the convolutions' kernel kinds and MAC-weighted channel and spatial sizes,
-bytes per MAC, the segment's size on a log scale, threads and cores). The latency is that time per unit
-times the segment's own work: a larger model than any in training gets a proportionally larger prediction,
-not the largest latency the trees have seen.
+Two parts. A **base**: the segment's time as a sum of costs per unit of what it asks (MACs per convolution kind and
+of the fully connected ops, activation bytes per op family, ops, parameter bytes, a constant), the non-negative
+unit costs fitted per thread count by least squares on relative errors. Additive and non-negative, it
+extrapolates to a new architecture as a sum of kernels it has seen priced: left out in turn, the 16 training
+architectures are predicted at a median 5 % (the trees alone: 14 %). One op count, not one per family: a family
+only one training network has took up that network's unexplained time (Xception's 11 RELU ops priced at ~4 ms
+each, NASNetMobile left out then predicted at 2.3x); with one count the worst left-out network is 30 %. Then **XGBoost**
+predicts the logarithm of measured / base from scale-free features (the op mix as fractions of MACs, of ops and
+of activation bytes, the convolutions' kernel kinds and MAC-weighted channel and spatial sizes, bytes per MAC,
+the segment's size on a log scale, threads and cores): what the sum misses, shapes that run faster or slower
+per unit. Trees do not extrapolate, so they never see raw sizes as their target.
 
 Times are also expressed in units of the speed probe timed in the same rounds (``cpu.PROBE``): a shared
 machine's speed drifts by tens of percent between runs, and a prediction for a run scales with that run's
@@ -26,7 +31,8 @@ from edgeplan.errors import ProfileError
 from edgeplan.profile.features import CONV_KINDS, FAMILY_NAMES
 from edgeplan.profile.schema import CpuTiming, Profile
 
-FORMAT = "edgeplan-latency-predictor-1"
+FORMAT = "edgeplan-latency-predictor-2"
+MIN_BASE = 1e-4  # probe units (~0.5 us at the reference probe): a base of 0 would make the trees' target infinite
 
 
 def work(f: dict) -> float:
@@ -55,6 +61,28 @@ def vector(f: dict, threads: int, cores: int) -> list[float]:
     return v
 
 
+def additive(f: dict) -> list[float]:
+    """What the base prices, each summed over the segment's ops (``BASE``)."""
+    return ([float(f[f"macs_kind_{kind}"]) for kind in CONV_KINDS] + [float(f["macs_fc"])]
+            + [float(f[f"act_{fam}"]) for fam in FAMILY_NAMES] + [float(f["ops"]), float(f["param_bytes"]), 1.0])
+
+
+BASE = ([f"macs_{kind}" for kind in CONV_KINDS] + ["macs_fc"] + [f"act_bytes_{fam}" for fam in FAMILY_NAMES]
+        + ["ops", "param_bytes", "constant"])
+
+
+def fit_base(rows: list[list[float]], times: list[float]) -> list[float]:
+    """Non-negative unit costs minimising the squared relative error of their sum against ``times``."""
+    from scipy.optimize import nnls
+
+    x = np.array(rows, dtype=float)
+    y = np.array(times, dtype=float)
+    scale = x.max(axis=0)
+    scale[scale <= 0] = 1.0  # a column no training segment has: its cost stays 0
+    theta, _ = nnls(x / scale / y[:, None], np.ones(len(y)), maxiter=50 * x.shape[1])
+    return [float(t) for t in theta / scale]
+
+
 FEATURES = (["log10_work", "log10_macs", "act_share", "param_bytes_per_mac", "ops_per_mwork", "threads", "cores"]
             + [f"mac_share_{fam}" for fam in FAMILY_NAMES] + [f"op_share_{fam}" for fam in FAMILY_NAMES]
             + [f"act_share_{fam}" for fam in FAMILY_NAMES] + [f"mac_share_{kind}" for kind in CONV_KINDS]
@@ -80,6 +108,10 @@ def examples(profiles: list[Profile], cores: int | None = None) -> list[Example]
         for s in p.segments:
             if s.status != "ok" or not s.features:
                 continue
+            missing = [k for k in (f"ops_{fam}" for fam in FAMILY_NAMES) if k not in s.features]
+            if missing:
+                raise ProfileError(f"{p.model}: its profile's segment features predate the op families this "
+                                   f"edgeplan tells apart (no {', '.join(missing)}); profile it again")
             for t in s.cpu:
                 if t.source == "measured" and t.median_ms > 0:
                     probe = p.probe_ms(t.threads)
@@ -94,9 +126,17 @@ class Predictor:
     trained_on: list[str] = field(default_factory=list)
     params: dict = field(default_factory=dict)
     probe_ms: dict = field(default_factory=dict)  # threads (str) -> median probe of the training runs
+    base: dict = field(default_factory=dict)  # threads (str) -> the base's unit costs (``BASE``), in probe units
 
     def _scale(self, threads: int, probe_ms: float | None) -> float:
         return probe_ms or self.probe_ms.get(str(threads)) or 1.0
+
+    def _base(self, f: dict, threads: int) -> float:
+        """The base's time in probe units: the unit costs of ``threads``, or of the nearest thread count trained
+        (the most below it, else the fewest above)."""
+        trained = sorted(int(n) for n in self.base)
+        n = max((t for t in trained if t <= threads), default=trained[0])
+        return max(MIN_BASE, float(np.dot(additive(f), self.base[str(n)])))
 
     @classmethod
     def train(cls, data: list[Example], rounds: int = 300, seed: int = 0, **overrides) -> Predictor:
@@ -108,15 +148,19 @@ class Predictor:
             raise ProfileError(f"training the latency predictor needs at least 8 measured timings, got {len(data)}")
         if any(e.probe_ms is None for e in data) and any(e.probe_ms is not None for e in data):
             raise ProfileError("some training profiles have a speed probe and some do not; re-profile the old ones")
+        base = {str(n): fit_base([additive(e.features) for e in data if e.threads == n],
+                                 [e.ms / (e.probe_ms or 1.0) for e in data if e.threads == n])
+                for n in sorted({e.threads for e in data})}
+        model = cls(None, base=base)
         x = np.array([vector(e.features, e.threads, e.cores) for e in data])
-        y = np.array([math.log(e.ms / (e.probe_ms or 1.0) / work(e.features)) for e in data])
+        y = np.array([math.log(e.ms / (e.probe_ms or 1.0) / model._base(e.features, e.threads)) for e in data])
         probes = {str(n): float(np.median([e.probe_ms for e in data if e.threads == n and e.probe_ms]))
                   for n in sorted({e.threads for e in data if e.probe_ms})}
         params = {"objective": "reg:squarederror", "eta": 0.05, "max_depth": 3, "subsample": 0.8,
                   "colsample_bytree": 0.5, "min_child_weight": 5, "lambda": 1.0, "seed": seed, "nthread": 1,
                   **overrides}
         booster = xgb.train(params, xgb.DMatrix(x, label=y, feature_names=FEATURES), num_boost_round=rounds)
-        return cls(booster, sorted({e.model for e in data}), {**params, "rounds": rounds}, probes)
+        return cls(booster, sorted({e.model for e in data}), {**params, "rounds": rounds}, probes, base)
 
     def predict_ms(self, features: dict, threads: int, cores: int, probe_ms: float | None = None) -> float:
         return self.predict_many([(features, threads, cores, probe_ms)])[0]
@@ -126,8 +170,8 @@ class Predictor:
         import xgboost as xgb
 
         x = np.array([vector(f, t, c) for f, t, c, _ in rows])
-        per_work = np.exp(self.booster.predict(xgb.DMatrix(x, feature_names=FEATURES)))
-        return [float(p * work(f) * self._scale(t, probe)) for p, (f, t, _, probe) in zip(per_work, rows)]
+        ratio = np.exp(self.booster.predict(xgb.DMatrix(x, feature_names=FEATURES)))
+        return [float(r * self._base(f, t) * self._scale(t, probe)) for r, (f, t, _, probe) in zip(ratio, rows)]
 
     def timing(self, features: dict, threads: int, device_class, probe_ms: float | None = None) -> CpuTiming:
         ms = round(self.predict_ms(features, threads, device_class.cores, probe_ms), 5)
@@ -137,7 +181,8 @@ class Predictor:
         raw = self.booster.save_raw(raw_format="json").decode()
         write_json_atomic(path, {"format": FORMAT, "features": FEATURES, "trained_on": self.trained_on,
                                  "params": self.params, "probe_ms": self.probe_ms,
-                                 "target": "log(ms / probe_ms / (macs + activation_bytes + 1))",
+                                 "base_terms": BASE, "base": self.base,
+                                 "target": "log(ms / probe_ms / base)",
                                  "booster": json.loads(raw)})
 
     @classmethod
@@ -148,12 +193,18 @@ class Predictor:
         if not path.is_file():
             raise ProfileError(f"{path}: no such predictor file (train one with `edgeplan profile train`)")
         data = json.loads(path.read_text())
-        if data.get("format") != FORMAT or data.get("features") != FEATURES:
+        if data.get("format") != FORMAT or data.get("features") != FEATURES or data.get("base_terms") != BASE:
             raise ProfileError(f"{path}: a predictor of another format or feature set "
                                f"({data.get('format')!r}); retrain it with this edgeplan")
         booster = xgb.Booster()
         booster.load_model(bytearray(json.dumps(data["booster"]).encode()))
-        return cls(booster, data["trained_on"], data["params"], data.get("probe_ms", {}))
+        base = data.get("base")
+        if not isinstance(base, dict) or not base or any(
+                not str(n).isdigit() or not isinstance(v, list) or len(v) != len(BASE)
+                or not all(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in v)
+                for n, v in base.items()):
+            raise ProfileError(f"{path}: its base (unit costs per thread count) is missing or malformed; retrain it")
+        return cls(booster, data["trained_on"], data["params"], data.get("probe_ms", {}), base)
 
 
 def mape(predicted: list[float], measured: list[float]) -> float:

@@ -2,14 +2,17 @@
 to fill the suffixes it did not measure (marked `predicted`)."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
 
+import numpy as np
 import pytest
 
 from edgeplan.errors import ProfileError
 from edgeplan.pipeline import params as params_mod
 from edgeplan.profile import cpu, fleet, run
-from edgeplan.profile.predictor import Predictor, examples
+from edgeplan.profile.predictor import BASE, Predictor, examples, fit_base
 
 SETTINGS = cpu.Settings(repeats=20, span_s=0.5, budget_s=2)
 
@@ -83,3 +86,40 @@ def test_bad_predictor_file(tmp_path):
 def test_too_little_data():
     with pytest.raises(ProfileError, match="at least 8"):
         Predictor.train([])
+
+
+def test_the_base_is_a_sum_of_unit_costs():
+    """The base's non-negative unit costs, fitted on times that are such a sum, price a segment twice as large
+    (every count doubled) at twice the time, past anything it was fitted on."""
+    rng = np.random.default_rng(3)
+    costs = np.zeros(len(BASE))
+    costs[[0, 4, len(BASE) - 1]] = [2e-8, 5e-9, 0.05]  # 1x1 MACs, FC MACs, a constant
+    rows = rng.uniform(0, 1e8, (40, len(BASE)))
+    rows[:, -1] = 1.0
+    theta = np.array(fit_base(rows.tolist(), (rows @ costs).tolist()))
+    assert (theta >= 0).all()
+    big = rows.max(axis=0) * 2
+    big[-1] = 1.0
+    assert big @ theta == pytest.approx(big @ costs, rel=1e-3)
+
+
+def test_profiles_with_the_old_op_families_are_refused(trained):
+    profiles, _ = trained
+    old = profiles[0]
+    seg = next(s for s in old.segments if s.features)
+    stale = {k: v for k, v in seg.features.items() if k not in ("ops_mul", "macs_mul", "act_mul")}
+    old = dataclasses.replace(old, segments=tuple(dataclasses.replace(s, features=stale) if s is seg else s
+                                                  for s in old.segments))
+    with pytest.raises(ProfileError, match=r"predate the op families .*ops_mul.*profile it again"):
+        examples([old])
+
+
+def test_a_predictor_file_without_its_base_is_refused(trained, tmp_path):
+    _, model = trained
+    model.save(tmp_path / "p.json")
+    data = json.loads((tmp_path / "p.json").read_text())
+    for bad in (None, {}, {"1": [1.0]}, {"1": [-1.0] * len(BASE)}, {"x": [0.0] * len(BASE)}):
+        data["base"] = bad
+        (tmp_path / "bad.json").write_text(json.dumps(data))
+        with pytest.raises(ProfileError, match="base .* is missing or malformed"):
+            Predictor.load(tmp_path / "bad.json")
