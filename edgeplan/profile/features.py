@@ -13,12 +13,14 @@ from edgeplan.quantize.tflite_graph import TfliteGraph, itemsize
 # Op families the predictor tells apart (one per kernel whose cost per byte differs); everything else is "other".
 # Lumped together (ADD with MUL, LOGISTIC with HARD_SWISH, MEAN with the pools), one network's slow kernel priced
 # another's fast one (MobileNetV3's hard-swish and EfficientNet's LOGISTIC): held-out EfficientNetB0 39 % off,
-# EfficientNetB1 left out 169 %; apart (and with the predictor's additive base), 5 % and 21 % (bench/profiling.py,
-# 2026-11-28).
+# EfficientNetB1 left out 169 %; apart (and with the predictor's additive base), 6 % and 14 % (bench/profiling.py,
+# 2026-11-28). AVERAGE_POOL_2D apart from MAX_POOL_2D: timed layer by layer, InceptionV3's layers holding a 3x3
+# stride-1 average pool ran 1.06-1.14x faster on 2 threads than on 1 (the int8 average pool does not parallelise
+# here), its other layers 1.6-1.8x; its window's reads are a feature of their own (``avgpool_window``).
 FAMILIES = {
     "CONV_2D": "conv", "DEPTHWISE_CONV_2D": "dwconv", "FULLY_CONNECTED": "fc", "TRANSPOSE_CONV": "conv",
     "ADD": "add", "SUB": "add", "MUL": "mul", "LOGISTIC": "logistic", "HARD_SWISH": "hswish", "RELU": "relu",
-    "RELU6": "relu", "TANH": "tanh", "AVERAGE_POOL_2D": "pool", "MAX_POOL_2D": "pool", "MEAN": "mean",
+    "RELU6": "relu", "TANH": "tanh", "AVERAGE_POOL_2D": "avgpool", "MAX_POOL_2D": "maxpool", "MEAN": "mean",
     "CONCATENATION": "concat", "PAD": "pad", "RESHAPE": "reshape", "QUANTIZE": "quant", "DEQUANTIZE": "quant",
     "RSQRT": "rsqrt", "STRIDED_SLICE": "slice", "SLICE": "slice",
 }
@@ -92,6 +94,9 @@ def segment_features(graph: TfliteGraph) -> dict:
         in_bytes = sum(_nbytes(graph, x) for x in graph.activations(op))
         out_bytes = sum(_nbytes(graph, o) for o in op.outputs)
         act[fam] += in_bytes + out_bytes
+        if op.name == "AVERAGE_POOL_2D":  # its window's reads: an averaging window of k x k costs k^2 per output
+            o = op.builtin_options
+            macs["avgpool_window"] += math.prod(graph.tensors[op.outputs[0]].shape) * o.filterHeight * o.filterWidth
         shape = _conv_shape(graph, op)
         if shape and m:
             kh, kw, cin, cout, hw = shape
@@ -108,6 +113,7 @@ def segment_features(graph: TfliteGraph) -> dict:
              "input_bytes": ins, "output_bytes": outs, "activation_bytes": int(sum(act.values()))}
     for kind in CONV_KINDS:
         feats[f"macs_kind_{kind}"] = int(macs[f"kind_{kind}"])
+    feats["avgpool_window"] = int(macs["avgpool_window"])
     for key in ("log2_cin", "log2_cout", "log2_hw", "log2_in_bytes", "log2_out_bytes"):
         feats[f"wavg_{key}"] = shape_sums[key] / total if total else 0.0
     for fam in FAMILY_NAMES:

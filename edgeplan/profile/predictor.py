@@ -2,16 +2,16 @@
 segment, a thread count and a device class -> CPU latency.
 
 Two parts. A **base**: the segment's time as a sum of costs per unit of what it asks (MACs per convolution kind and
-of the fully connected ops, activation bytes per op family, ops, parameter bytes, a constant), the non-negative
-unit costs fitted per thread count by least squares on relative errors. Additive and non-negative, it
-extrapolates to a new architecture as a sum of kernels it has seen priced: left out in turn, the 16 training
-architectures are predicted at a median 5 % (the trees alone: 14 %). One op count, not one per family: a family
-only one training network has took up that network's unexplained time (Xception's 11 RELU ops priced at ~4 ms
-each, NASNetMobile left out then predicted at 2.3x); with one count the worst left-out network is 30 %. Then **XGBoost**
-predicts the logarithm of measured / base from scale-free features (the op mix as fractions of MACs, of ops and
-of activation bytes, the convolutions' kernel kinds and MAC-weighted channel and spatial sizes, bytes per MAC,
-the segment's size on a log scale, threads and cores): what the sum misses, shapes that run faster or slower
-per unit. Trees do not extrapolate, so they never see raw sizes as their target.
+of the fully connected ops, activation bytes per op family, the average pools' window reads, ops, parameter
+bytes, a constant), the non-negative unit costs fitted per thread count by least squares on relative errors.
+Additive and non-negative, it extrapolates to a new architecture as a sum of kernels it has seen priced: left out
+in turn, the 16 training architectures are predicted at a median 5-6 % (the trees alone: 14 %). One op count, not
+one per family: a family only one training network has took up that network's unexplained time (Xception's 11
+RELU ops priced at ~4 ms each, NASNetMobile left out then predicted at 2.3x). Then **XGBoost** predicts the
+logarithm of measured / base from scale-free features (the op mix as fractions of MACs, of ops and of activation
+bytes, the convolutions' kernel kinds and MAC-weighted channel and spatial sizes, bytes per MAC, the segment's
+size on a log scale, threads and cores): what the sum misses, shapes that run faster or slower per unit. Trees
+do not extrapolate, so they never see raw sizes as their target.
 
 Times are also expressed in units of the speed probe timed in the same rounds (``cpu.PROBE``): a shared
 machine's speed drifts by tens of percent between runs, and a prediction for a run scales with that run's
@@ -64,11 +64,12 @@ def vector(f: dict, threads: int, cores: int) -> list[float]:
 def additive(f: dict) -> list[float]:
     """What the base prices, each summed over the segment's ops (``BASE``)."""
     return ([float(f[f"macs_kind_{kind}"]) for kind in CONV_KINDS] + [float(f["macs_fc"])]
-            + [float(f[f"act_{fam}"]) for fam in FAMILY_NAMES] + [float(f["ops"]), float(f["param_bytes"]), 1.0])
+            + [float(f[f"act_{fam}"]) for fam in FAMILY_NAMES]
+            + [float(f["avgpool_window"]), float(f["ops"]), float(f["param_bytes"]), 1.0])
 
 
 BASE = ([f"macs_{kind}" for kind in CONV_KINDS] + ["macs_fc"] + [f"act_bytes_{fam}" for fam in FAMILY_NAMES]
-        + ["ops", "param_bytes", "constant"])
+        + ["avgpool_window", "ops", "param_bytes", "constant"])
 
 
 def fit_base(rows: list[list[float]], times: list[float]) -> list[float]:
