@@ -15,7 +15,7 @@ Keys:
 - refined_within_2pct_fraction / refined_infeasible_count: the refined search against the exact optimum
   (refined model) on the generated instances; paper_*: Algorithm 1 on the paper model, judged against the
   exact optimum of the paper model.
-- decision_time_ms_median / _p99: the refined search (cold: its seven starts, then trades) on 4 models x 4 cores,
+- decision_time_ms_median / _p99: the refined search (cold: its six starts, then trades) on 4 models x 4 cores,
   each model with as many of its points as its profile has up to 12 (decision_points_per_model; profiles
   made with analysis.max_points 10 have 12), over 100 instances, each timed as the median of 5 runs;
   decision_time_ms_median_warm / _p99_warm: the online case, the rates drifted by a factor e^u, u uniform in

@@ -4,11 +4,11 @@
 - ``refined`` — without Algorithm 1's dead ends: a climb over partitionings in both directions (a move puts one
   model at any of its points), each partitioning scored with its best core allocation (a DP over cores: with
   more models than cores, constraint (8) simply forces some suffixes away), unstable partitionings ranked by
-  their distance to stability so the climb first reaches a stable one; started from every model at its middle
-  point, at a quarter of its points, at its first point, and each model alone on the TPU, the climbs in
-  lockstep and each round's neighbours scored in numpy batches (``batch.BatchScorer``), then trades (two
-  models moved in opposite directions) from the best; online, from the configuration in use and the plan's
-  nearest rate regime, and every model at its first point (warm);
+  their distance to stability so the climb first reaches a stable one; started from every model at a quarter
+  of its points, at its first point, and each model alone on the TPU, the climbs in lockstep (a climb that
+  steps where another has been stops) and each round's neighbours scored in numpy batches
+  (``batch.BatchScorer``), then trades (two models moved in opposite directions) from the best; online, from
+  the configuration in use and the plan's nearest rate regime, and every model at its first point (warm);
 - ``exact`` — the optimum, as oracle: for each partitioning the objective separates into the TPU part
   (fixed by the partitioning) and per-model CPU parts, so the cores are placed by a small dynamic program.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -33,6 +34,61 @@ from edgeplan.plan.swapless.queueing import INF, cpu_part, evaluate, tpu_state
 # (then six starts) took two batches, and the search 7-10% longer (interleaved, 60 instances; 10 page faults per
 # search instead of 24).
 CHUNK = 320
+
+
+_scratch = threading.local()  # per thread, the search's tables, reused (see _tables)
+
+
+def _tables(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tables of ``size`` partitionings, this thread's own, reused from search to search (fresh, 12^4
+    partitionings' tables, 166 kB each, are mapped anew and page-faulted on every search): a float table of
+    nan, a bool table of False and an int scratch table."""
+    seen, visited, slot = getattr(_scratch, "tables", (np.empty(0), np.empty(0, bool), np.empty(0, np.int64)))
+    if len(seen) < size:
+        seen, visited, slot = np.empty(size), np.empty(size, dtype=bool), np.empty(size, dtype=np.int64)
+        _scratch.tables = seen, visited, slot
+    seen, visited = seen[:size], visited[:size]
+    seen.fill(np.nan)
+    visited.fill(False)
+    return seen, visited, slot[:size]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """What a search over models with these numbers of points needs beyond the instance (``_layout``)."""
+
+    starts: np.ndarray  # (starts, n): the default starts, every model at its first point among them
+    first: tuple[int, ...]  # every model at its first point
+    radix: np.ndarray  # a partitioning's mixed-radix code is points @ radix
+    size: int  # the number of partitionings
+    model_of: np.ndarray  # column j of a neighbourhood: model model_of[j] moved to point point_of[j]
+    point_of: np.ndarray
+    step: np.ndarray  # what column j adds to the code of a partitioning with that model at point 0
+
+
+@lru_cache(maxsize=64)
+def _layout(lasts: tuple[int, ...]) -> _Layout:
+    """``refined``'s starts and codes for models with points 0..lasts[i]: every model at a quarter of its
+    points, each model alone on the TPU, and every model at its first point. (A start with every model at its
+    middle point too: as good on 399 of 400 decisions of 4 models x 12 points, 6-8% more time.)"""
+    n = len(lasts)
+    top = np.array(lasts)
+    starts = {tuple(top // 4)}
+    if n > 1:  # one model wholly on the TPU, the others on the CPU
+        starts |= {tuple(int(top[j]) if j == i else 0 for j in range(n)) for i in range(n)}
+    # and every model at its first point: the optimum can lie several models at once towards the CPU from where
+    # the other climbs end, which no single move or trade reaches (99 benchmark decisions within 2% of the
+    # optimum, warm: 93 -> 97, for ~35% more time; cold: 95 -> 98, 98 -> 99 and 98 -> 99 on two other draws of
+    # 99, for 2-3%)
+    first = tuple(int(min(1, last)) for last in lasts)
+    radix = np.cumprod([1, *(top[:-1] + 1)])
+    model_of = np.repeat(np.arange(n), top + 1)
+    point_of = np.concatenate([np.arange(last + 1) for last in lasts])
+    out = _Layout(np.array(sorted(starts | {first}), dtype=np.int64), first, radix, int(np.prod(top + 1)),
+                  model_of, point_of, point_of * radix[model_of])
+    for array in (out.starts, out.radix, out.model_of, out.point_of, out.step):
+        array.setflags(write=False)  # shared by every search over such models
+    return out
 
 
 @dataclass(frozen=True)
@@ -115,21 +171,23 @@ def _pairs(lasts: tuple[int, ...]) -> np.ndarray:
 
 def refined(inst: Instance, variant: str = "refined", use_alpha: bool = True, starts=None) -> Allocation:
     """Steepest descent over partitionings, each scored with its best core allocation (a DP over cores),
-    from several starts climbing in lockstep: every model at its middle point, every model at a quarter of its
-    points, every model at its first point, and each model alone on the TPU (climbs from all-CPU and all-TPU,
-    and from each model alone on the CPU, ended no better on 100 instances of 4 models x 12 points and cost
-    time); or, warm, from ``starts`` (the partitioning in use and the plan's nearest rate regime, the online
-    case, where rates drift and the best partitioning is rarely far) and every model at its first point. A move
-    puts one model at any of its points; unstable partitionings are ranked by how far they are from stability,
-    so a climb first walks to a stable one. Then trades from the best climb: two models moved at once in opposite directions, the climb
-    resumed after each that improves it (single moves alone ended within 2% of the optimum on 86 of those 100
-    instances, with trades on 98; on the benchmark's 99, 95 with the quarter start, 93 without). Each round
-    scores the not-yet-seen neighbours of every live climb in batches (``BatchScorer``, at most ``CHUNK``
-    partitionings each); a start is its own neighbour, scored in the first round; the best partitioning's cores
-    are read from the batch that scored it."""
+    from several starts climbing in lockstep: every model at a quarter of its points, every model at its first
+    point, and each model alone on the TPU (``_layout``; climbs from all-CPU and all-TPU, and from each model
+    alone on the CPU, ended no better on 100 instances of 4 models x 12 points and cost time); or, warm, from
+    ``starts`` (the partitioning in use and the plan's nearest rate regime, the online case, where rates drift
+    and the best partitioning is rarely far) and every model at its first point. A move puts one model at any of
+    its points; unstable partitionings are ranked by how far they are from stability, so a climb first walks to
+    a stable one; a climb that steps where another has been stops there (from there it would follow the other:
+    steepest descent is deterministic). Then trades from the best climb: two models moved at once in opposite
+    directions, the climb resumed after each that improves it (single moves alone ended within 2% of the
+    optimum on 86 of those 100 instances, with trades on 98; on the benchmark's 99, 95 with the quarter start,
+    93 without). Each round scores the not-yet-seen neighbours of every live climb in batches (``BatchScorer``,
+    at most ``CHUNK`` partitionings each); a start is its own neighbour, scored in the first round; the best
+    partitioning's cores are read from the batch that scored it."""
     n = len(inst.models)
-    lasts = np.array([m.last for m in inst.models])
+    lasts = tuple(m.last for m in inst.models)
     scorer = BatchScorer(inst, variant, use_alpha)
+    layout = _layout(lasts)
     if starts is not None:
         starts = {tuple(int(p) for p in s) for s in starts}
         for s in starts:
@@ -137,93 +195,94 @@ def refined(inst: Instance, variant: str = "refined", use_alpha: bool = True, st
                 raise ValueError(f"start {s} is not a partitioning of these {n} models")
         if not starts:
             raise ValueError("no start given")
+        # and every model at its first point (``_layout``)
+        current = np.array(sorted(starts | {layout.first}), dtype=np.int64)
     else:
-        starts = {tuple(lasts // 2), tuple(lasts // 4)}
-        if n > 1:  # one model wholly on the TPU, the others on the CPU
-            starts |= {tuple(int(lasts[j]) if j == i else 0 for j in range(n)) for i in range(n)}
-    # and every model at its first point: the optimum can lie several models at once towards the CPU from where
-    # the other climbs end, which no single move or trade reaches (99 benchmark decisions within 2% of the
-    # optimum, warm: 93 -> 97, for ~35% more time; cold: 95 -> 98, 98 -> 99 and 98 -> 99 on two other draws of
-    # 99, for 2-3%)
-    starts.add(tuple(int(min(1, last)) for last in lasts))
-    current = np.array(sorted(starts), dtype=np.int64)
-    # every partitioning by its mixed-radix code: its key once scored (nan: not yet)
-    radix = np.cumprod([1, *(lasts[:-1] + 1)])
-    seen = np.full(int(np.prod(lasts + 1)), np.nan)
-    slot = np.empty(len(seen), dtype=np.int64)  # scratch: a round's codes scored once each
+        current = layout.starts.copy()
+    radix, model_of, point_of, step = layout.radix, layout.model_of, layout.point_of, layout.step
+    # every partitioning by its mixed-radix code: its key once scored (nan: not yet), whether a climb has been
+    # there; slot: scratch
+    seen, visited, slot = _tables(layout.size)
     code = current @ radix
+    visited[code] = True
     key = np.full(len(current), np.inf)  # a start is its own neighbour, scored with the first round's
-    # column j of a neighbourhood: model model_of[j] moved to point point_of[j] (its own point included)
-    model_of = np.repeat(np.arange(n), lasts + 1)
-    point_of = np.concatenate([np.arange(last + 1) for last in lasts])
-    step = point_of * radix[model_of]
     batches = []  # (codes scored, BatchScorer.Scored)
 
-    def score_new(cand: np.ndarray, codes: np.ndarray, unseen: bool = False) -> None:
-        """Score the candidates (rows of ``cand``, their ``codes``) not yet seen (all of them, if ``unseen``),
-        each code once."""
-        if not unseen:
-            todo = np.isnan(seen[codes])
-            if not todo.any():
-                return
-            cand, codes = cand[todo], codes[todo]
+    def score(cand: np.ndarray, codes: np.ndarray) -> None:
+        """Score the candidates (rows of ``cand``, their ``codes``), none seen before, each code once (two climbs
+        can share a neighbour; a start is its own neighbour once per model)."""
         order = np.arange(len(codes))
-        slot[codes] = order  # one of equal codes (a start's own, one two climbs share) takes the slot
-        first = np.flatnonzero(slot[codes] == order)
-        cand, wanted = cand[first], codes[first]
-        size = -(-len(wanted) // -(-len(wanted) // CHUNK))  # equal parts of at most CHUNK
-        for at in range(0, len(wanted), size):
+        slot[codes] = order  # one of equal codes takes the slot
+        first = (slot[codes] == order).nonzero()[0]
+        if len(first) < len(codes):
+            cand, codes = cand[first], codes[first]
+        size = -(-len(codes) // -(-len(codes) // CHUNK))  # equal parts of at most CHUNK
+        for at in range(0, len(codes), size):
             part = slice(at, at + size)
             scored = scorer.evaluate(cand[part])
-            seen[wanted[part]] = scored.key
-            batches.append((wanted[part], scored))
+            seen[codes[part]] = scored.key
+            batches.append((codes[part], scored))
 
     def climb(live: np.ndarray) -> None:
         while len(live):
             base = current[live]
-            codes = code[live, None] - (base * radix)[:, model_of] + step  # (live, columns)
-            todo = np.isnan(seen[codes])
-            if todo.any():
-                rows, cols = np.nonzero(todo)
+            codes = (code[live, None] + step) - (base * radix)[:, model_of]  # (live, columns)
+            values = seen[codes]
+            todo = np.isnan(values)
+            if np.logical_or.reduce(todo, axis=None):
+                rows, cols = todo.nonzero()
                 cand = base[rows]
                 cand[np.arange(len(rows)), model_of[cols]] = point_of[cols]
-                score_new(cand, codes[rows, cols], unseen=True)
-            values = seen[codes]
+                score(cand, codes[rows, cols])
+                values = seen[codes]
             pick = values.argmin(axis=1)
-            best = values[np.arange(len(live)), pick]
+            best = np.minimum.reduce(values, axis=1)
             better = best < key[live]
-            live, pick = live[better], pick[better]
+            live, pick, moved = live[better], pick[better], codes[better, pick[better]]
             current[live, model_of[pick]] = point_of[pick]
-            code[live] = codes[better, pick]
+            code[live] = moved
             key[live] = best[better]
+            # a climb that steps where another has been follows it from there (steepest descent is deterministic):
+            # it stops, the other's end is at least as good
+            merged = visited[moved]
+            visited[moved] = True
+            if np.logical_or.reduce(merged):
+                live = live[~merged]
 
-    climb(np.arange(len(current)))
-    if n > 1:
-        # Trades: two models moved at once in opposite directions (one takes more of the TPU as the other gives
-        # some up, or a core changes hands), from the best climb, until no trade improves it; after each, the
-        # climb goes on with single moves. A single move cannot make a trade whose halves are each worse.
-        pa_model, pb_model, pa, pb = _pairs(tuple(int(x) for x in lasts))
+    def trades() -> None:
+        """Two models moved at once in opposite directions (one takes more of the TPU as the other gives some up,
+        or a core changes hands), from the best climb, until no trade improves it; after each, the climb goes on
+        with single moves. A single move cannot make a trade whose halves are each worse."""
+        pa_model, pb_model, pa, pb = _pairs(lasts)
         rows = np.arange(len(pa))
         while True:
             top = int(np.argmin(key))
             here = current[top]
             trade = (pa - here[pa_model]) * (pb - here[pb_model]) < 0
-            if not trade.any():  # no two models can move in opposite directions (all at 0, or all at P)
-                break
+            if not np.logical_or.reduce(trade):  # no two models can move in opposite directions (all at 0, or all at P)
+                return
             cand = np.repeat(here[None, :], np.count_nonzero(trade), axis=0)
             picked = rows[: len(cand)]
             cand[picked, pa_model[trade]] = pa[trade]
             cand[picked, pb_model[trade]] = pb[trade]
             codes = cand @ radix
-            score_new(cand, codes)
             values = seen[codes]
+            todo = np.isnan(values)
+            if np.logical_or.reduce(todo):
+                score(cand[todo], codes[todo])
+                values = seen[codes]
             pick = int(values.argmin())
             if not values[pick] < key[top]:
-                break
+                return
             current[top], code[top], key[top] = cand[pick], codes[pick], values[pick]
             climb(np.array([top]))
+
+    with np.errstate(invalid="ignore"):  # for every batch (``BatchScorer.evaluate``)
+        climb(np.arange(len(current)))
+        if n > 1:
+            trades()
     top = int(np.argmin(key))
-    evaluations = int(np.count_nonzero(~np.isnan(seen)))
+    evaluations = sum(len(codes) for codes, _ in batches)
     if key[top] >= UNSTABLE:
         return Allocation(None, INF, evaluations)
     fresh, scored = next((f, s) for f, s in batches if code[top] in f)

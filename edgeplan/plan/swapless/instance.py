@@ -36,6 +36,9 @@ class ModelSpec:
     tpu_var: tuple[float, ...] = field(init=False, repr=False, compare=False)
     cpu_mean: tuple[float, ...] = field(init=False, repr=False, compare=False)
     cpu_scv: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    # what is derived from the per-point figures, not the rate, by whoever derives it (``batch.BatchScorer``'s
+    # tables), kept once per model: ``with_rate`` carries it over (the runtime re-allocates as rates drift)
+    derived: dict = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self):
         n = len(self.s_tpu)
@@ -59,8 +62,10 @@ class ModelSpec:
         return len(self.s_tpu) - 1
 
     def with_rate(self, rate: float) -> ModelSpec:
-        return ModelSpec(self.name, rate, self.s_tpu, self.io, self.t_load, self.footprint, self.s_cpu,
-                         self.tpu_samples, self.cpu_samples)
+        out = ModelSpec(self.name, rate, self.s_tpu, self.io, self.t_load, self.footprint, self.s_cpu,
+                        self.tpu_samples, self.cpu_samples)
+        out.derived.update(self.derived)
+        return out
 
 
 def _moments(fixed: float, samples) -> tuple[float, float]:
