@@ -84,6 +84,15 @@ def fit_base(rows: list[list[float]], times: list[float]) -> list[float]:
     return [float(t) for t in theta / scale]
 
 
+def base_time(base: dict, f: dict, threads: int) -> float:
+    """The base's time of a segment with features ``f``, in probe units: the unit costs ``base`` (threads (str)
+    -> ``fit_base``'s costs) of ``threads``, or of the nearest thread count there (the most below it, else the
+    fewest above)."""
+    trained = sorted(int(n) for n in base)
+    n = max((t for t in trained if t <= threads), default=trained[0])
+    return max(MIN_BASE, float(np.dot(additive(f), base[str(n)])))
+
+
 FEATURES = (["log10_work", "log10_macs", "act_share", "param_bytes_per_mac", "ops_per_mwork", "threads", "cores"]
             + [f"mac_share_{fam}" for fam in FAMILY_NAMES] + [f"op_share_{fam}" for fam in FAMILY_NAMES]
             + [f"act_share_{fam}" for fam in FAMILY_NAMES] + [f"mac_share_{kind}" for kind in CONV_KINDS]
@@ -132,13 +141,6 @@ class Predictor:
     def _scale(self, threads: int, probe_ms: float | None) -> float:
         return probe_ms or self.probe_ms.get(str(threads)) or 1.0
 
-    def _base(self, f: dict, threads: int) -> float:
-        """The base's time in probe units: the unit costs of ``threads``, or of the nearest thread count trained
-        (the most below it, else the fewest above)."""
-        trained = sorted(int(n) for n in self.base)
-        n = max((t for t in trained if t <= threads), default=trained[0])
-        return max(MIN_BASE, float(np.dot(additive(f), self.base[str(n)])))
-
     @classmethod
     def train(cls, data: list[Example], rounds: int = 300, seed: int = 0, **overrides) -> Predictor:
         """Hyper-parameters chosen by leave-one-model-out cross-validation over the four training
@@ -152,9 +154,8 @@ class Predictor:
         base = {str(n): fit_base([additive(e.features) for e in data if e.threads == n],
                                  [e.ms / (e.probe_ms or 1.0) for e in data if e.threads == n])
                 for n in sorted({e.threads for e in data})}
-        model = cls(None, base=base)
         x = np.array([vector(e.features, e.threads, e.cores) for e in data])
-        y = np.array([math.log(e.ms / (e.probe_ms or 1.0) / model._base(e.features, e.threads)) for e in data])
+        y = np.array([math.log(e.ms / (e.probe_ms or 1.0) / base_time(base, e.features, e.threads)) for e in data])
         probes = {str(n): float(np.median([e.probe_ms for e in data if e.threads == n and e.probe_ms]))
                   for n in sorted({e.threads for e in data if e.probe_ms})}
         params = {"objective": "reg:squarederror", "eta": 0.05, "max_depth": 3, "subsample": 0.8,
@@ -172,7 +173,8 @@ class Predictor:
 
         x = np.array([vector(f, t, c) for f, t, c, _ in rows])
         ratio = np.exp(self.booster.predict(xgb.DMatrix(x, feature_names=FEATURES)))
-        return [float(r * self._base(f, t) * self._scale(t, probe)) for r, (f, t, _, probe) in zip(ratio, rows)]
+        return [float(r * base_time(self.base, f, t) * self._scale(t, probe))
+                for r, (f, t, _, probe) in zip(ratio, rows)]
 
     def timing(self, features: dict, threads: int, device_class, probe_ms: float | None = None) -> CpuTiming:
         ms = round(self.predict_ms(features, threads, device_class.cores, probe_ms), 5)
