@@ -176,6 +176,28 @@ def test_batch_scorer_matches_the_scalar_model(inst, variant, use_alpha):
         assert queueing.evaluate(inst, config, variant, use_alpha).objective == pytest.approx(o, rel=1e-9)
 
 
+@settings(max_examples=20, deadline=None)
+@given(instances(), st.floats(0.5, 2.0))
+def test_rate_variants_share_their_rate_free_rows(inst, factor):
+    """``with_rate`` copies share the per-point rows the batch scorer derives (made once per model: the runtime
+    re-allocates the same models as rates drift) and score exactly as models built afresh at those rates."""
+    import itertools
+
+    import numpy as np
+
+    from edgeplan.plan.swapless.batch import BatchScorer
+
+    allocate.refined(inst)  # derives the rows
+    drifted = inst.with_rates([r * factor for r in inst.rates])
+    fresh = Instance(tuple(ModelSpec(m.name, m.rate, m.s_tpu, m.io, m.t_load, m.footprint, m.s_cpu, m.tpu_samples,
+                                     m.cpu_samples) for m in drifted.models), inst.cores, inst.capacity)
+    assert all(d.derived and d.derived is m.derived for d, m in zip(drifted.models, inst.models))
+    assert not any(m.derived for m in fresh.models)
+    points = np.array(list(itertools.product(*(range(m.last + 1) for m in inst.models))))
+    for a, b in zip(BatchScorer(drifted).score(points), BatchScorer(fresh).score(points)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_refined_mostly_optimal():
     """Over 150 generated instances (fixed seed): within 2% of the optimum on at least 90% of them."""
     import random

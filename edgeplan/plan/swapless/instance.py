@@ -37,7 +37,7 @@ class ModelSpec:
     cpu_mean: tuple[float, ...] = field(init=False, repr=False, compare=False)
     cpu_scv: tuple[float, ...] = field(init=False, repr=False, compare=False)
     # what is derived from the per-point figures, not the rate, by whoever derives it (``batch.BatchScorer``'s
-    # tables), kept once per model: ``with_rate`` carries it over (the runtime re-allocates as rates drift)
+    # tables), kept once per model: every ``with_rate`` copy shares it (the runtime re-allocates as rates drift)
     derived: dict = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self):
@@ -64,7 +64,7 @@ class ModelSpec:
     def with_rate(self, rate: float) -> ModelSpec:
         out = ModelSpec(self.name, rate, self.s_tpu, self.io, self.t_load, self.footprint, self.s_cpu,
                         self.tpu_samples, self.cpu_samples)
-        out.derived.update(self.derived)
+        object.__setattr__(out, "derived", self.derived)  # (frozen) the same per-point figures, the same cache
         return out
 
 
