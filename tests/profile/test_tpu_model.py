@@ -83,11 +83,20 @@ def test_shipped_calibration():
 
 
 def test_shipped_fit_is_the_fit_of_the_shipped_rows():
+    """Refitted here, the shipped rows give the shipped model: the same prediction of every row. Not the same
+    parameters to the digit: a host's overhead and link efficiency trade off along a flat valley (on one host
+    the refit moved the Raspberry Pi's overhead by 0.1% and its link efficiency by 0.7% with every prediction
+    within 3e-9 and the same cost), so where the optimiser stops in it depends on the CPU's floating point."""
+    rows = tm.calibration_rows()
     fresh = tm.fit_document()
-    shipped = tm.calibrated()
-    assert fresh["rows"] == [f"{r.model}@{r.input}/{r.host}" for r in tm.calibration_rows()]
-    for name, value in fresh["fit"].items():
-        assert getattr(shipped, name) == pytest.approx(value, rel=1e-4, abs=1e-9), name
+    assert fresh["rows"] == [f"{r.model}@{r.input}/{r.host}" for r in rows]
+    refit, shipped = tm.fit(rows), tm.calibrated()
+    for r in rows:
+        got = shipped.device(r.host, tm.PEAK_MACS_PER_S, tm.HOST_LINKS.get(r.host)).times(r.workload).tpu_ms
+        want = refit.device(r.host, tm.PEAK_MACS_PER_S, tm.HOST_LINKS.get(r.host)).times(r.workload).tpu_ms
+        assert got == pytest.approx(want, rel=1e-6), f"{r.model}@{r.input}/{r.host}"
+    for name, value in fresh["fit"].items():  # and every parameter close
+        assert getattr(shipped, name) == pytest.approx(value, rel=2e-2, abs=1e-9), name
 
 
 def test_missing_workload_is_explained(tmp_path):
