@@ -105,11 +105,12 @@ def _figures(m: ModelSpec, refined: bool, capacity: int) -> np.ndarray:
     with np.errstate(invalid="ignore"):  # an unusable prefix (s_tpu inf) gives nan: never stable, never chosen
         miss2 = (t_load + base) ** 2 - base**2
     out = m.derived[(refined, capacity)] = np.stack([
-        # TPU_SUMS, weighted by each model's share of requests: E[S], E[S^2] and the prefix's own latency
+        # TPU_SUMS (times lambda_i in the scorer's table, then summed over the models): E[S], E[S^2] and the
+        # prefix's own latency
         base,  # the TPU's service without a reload
         base**2 + var_tpu,  # its second moment
         io + s_tpu,  # the prefix's latency before queueing and reloads (eq. (4))
-        # RELOAD_SUMS, what a reload adds to each, weighted by the share times alpha
+        # RELOAD_SUMS, what a reload adds to each (times lambda_i, then weighted by alpha)
         t_load,
         miss2,  # to the second moment
         t_load,
