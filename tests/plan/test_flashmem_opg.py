@@ -176,6 +176,44 @@ def test_greedy_latest_fit_reads_late_and_within_capacity_when_it_can():
     assert [w.loads for w in got[1:]] == [(Load(2, 1),), (Load(4, 1),)]
 
 
+def test_greedy_preloads_what_no_layer_can_stream_when_memory_allows():
+    layers = tuple(Layer(f"l{i}", 4096 if i == 2 else 0, 1.0, "hierarchical", 0, 0.0) for i in range(3))
+    roomy = Problem(layers, S, m_peak=64 * 1024, window=3)
+    (w,) = greedy.place(roomy, Ledger(roomy), [2])
+    assert w.preload  # C3 kept: the strict tier starts from a feasible hint
+    tight = Problem(layers, S, m_peak=16 * 1024, window=3)
+    ledger = Ledger(tight)
+    ledger.mem[0] += 10  # KiB committed at layer 0: the weight's 8 KiB (read and built) cannot stay from there
+    (w,) = greedy.place(tight, ledger, [2])
+    assert not w.preload and w.loads == (Load(1, 2),) and w.build_layer == 1  # over capacity, as before
+
+
+@pytest.mark.parametrize("objective", ["paper", "resident"])
+def test_greedy_preloads_a_weight_it_would_read_far_ahead(objective):
+    """λ = 0.9: a byte read d layers ahead costs 0.1·d, preloaded 0.9 — capacity 12 layers back only: preload;
+    capacity at the layer before: stream."""
+    def problem(cap_at: int) -> Problem:
+        layers = tuple(Layer(f"l{i}", 2048 if i == 12 else 0, 1.0, "reusable", 1 if i == cap_at else 0, 1.0)
+                       for i in range(13))
+        return Problem(layers, S, m_peak=64 * 1024, lam=0.9, objective=objective, window=13, lookback=12)
+
+    far, near = problem(0), problem(11)
+    assert greedy.place(far, Ledger(far), [12])[0].preload
+    (w,) = greedy.place(near, Ledger(near), [12])
+    assert not w.preload and w.loads == (Load(11, 1),)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(problems(max_layers=6))
+def test_greedy_cost_is_the_objective_the_solver_minimises(p):
+    """``greedy.cost`` (which decides preload against streaming) prices a placement as the oracle does, in the
+    solver's units (per-mille x KiB)."""
+    weights = [i for i in range(p.n) if p.layers[i].weight_bytes]
+    placed = greedy.place(p, Ledger(p), weights)
+    _, _, _, obj = _evaluate(p, placed)
+    assert sum(greedy.cost(p, w) for w in placed) / 1000 == pytest.approx(obj[p.objective], abs=1e-6)
+
+
 def test_m_peak_below_two_neighbouring_weights_names_the_layer_and_the_split():
     layers = (Layer("conv", 1 << 20, 1.0, "reusable", 1, 1.0), Layer("fc1", 100 << 20, 1.0, "reusable", 1, 1.0))
     with pytest.raises(MemoryBudgetError, match=r"layer 1 \(fc1\) holds 100.0 MiB.*splitting fc1 .* into \d+ parts"):

@@ -3,8 +3,9 @@
 Weights in the order of use; each segment is built at the latest layer before its use whose shadow holds
 the build, and its chunks are read as late as the layers' remaining capacity and the memory headroom allow,
 walking back from the build layer. What no layer can absorb is read at the build layer anyway (over
-capacity: a stall the plan reports); a weight with no layer before it, or whose reads would break M_peak
-everywhere, is preloaded.
+capacity: a stall the plan reports). A weight is preloaded instead when that fits M_peak and either keeps C3 or
+costs the objective less than streaming it (read far ahead); a weight with no layer before it, or whose reads
+would break M_peak everywhere, is preloaded.
 """
 from __future__ import annotations
 
@@ -49,7 +50,24 @@ def _one(problem: Problem, book: Ledger, i: int) -> WeightPlan:
         if n:
             taken[ell] = n
             left -= n
-    if left:  # beyond every layer's capacity: read at the build layer, over capacity
+    if left:  # beyond every layer's capacity: read at the build layer, over capacity (unless preloaded, below)
         taken[build] = taken.get(build, 0) + left
-    return WeightPlan(i, layer.name, layer.weight_bytes, t, False,
-                      tuple(Load(ell, taken[ell]) for ell in sorted(taken)), build)
+    streamed = WeightPlan(i, layer.name, layer.weight_bytes, t, False,
+                          tuple(Load(ell, taken[ell]) for ell in sorted(taken)), build)
+    # preloaded instead when memory allows and it keeps C3 or costs the objective less (a weight read far ahead)
+    if min(book.mem_room(k) for k in range(i + 1)) >= problem.full_kib(i) and (
+            left or cost(problem, preload) < cost(problem, streamed)):
+        return preload
+    return streamed
+
+
+def cost(problem: Problem, w: WeightPlan) -> float:
+    """w's term of the objective (``opg``'s, in its units: per-mille x KiB)."""
+    lam = round(problem.lam * 1000)
+    ck = problem.chunk_kib(w.layer)
+    if w.preload:
+        return lam * w.chunks * ck
+    if problem.objective == "paper":
+        return (1000 - lam) * w.chunks * ck * (w.layer - w.z)
+    return (1000 - lam) * (sum(load.chunks * ck * (w.layer - load.layer) for load in w.loads)
+                           + problem.packed_kib(w.layer) * (w.layer - w.build_layer))
