@@ -30,7 +30,10 @@ Keys (ratios and errors are fractions):
 - capacity_mape: XGBoost slowdown model fitted on three models' measured load capacity, predicting the
   fourth's layer times beside a loader and beside a build; mean over the four held-out folds of the MAPE
   of those times. [§4.2]
-- rss_prediction_error: max over the models of |plan's predicted peak - measured plan peak| / measured.
+- rss_prediction_error: max over the models of |plan's predicted peak - measured plan peak| / measured. The
+  prediction counts what each cut segment holds, measured once built by the planner, and the activations the
+  runtime keeps between segments (``predicted_from``: "segments"; "layers", the profile's per-layer figures,
+  only if that measuring failed).
 - identical: 1 if every model's streamed output equals its int8 model's, in every stream mode.
 - second_core_free: a two-process probe run (the speed probe alone and two at once): the ratio of their
   medians (about 1 when the second core is free).
@@ -464,6 +467,7 @@ def main() -> int:
             per_model[name] = {
                 "m_peak_bytes": fp.m_peak, "segments": len(mp.segments), "layers": len(mp.plan.resident_bytes),
                 "predicted_peak_bytes": mp.plan.peak_resident_bytes, "predicted_preload_bytes": mp.preload_peak_bytes,
+                "predicted_from": mp.footprint,
                 "modes": s, "peak_rss_ratio": s["plan"]["peak_bytes"] / pre["peak_bytes"],
                 "integrated_latency_ratio": s["plan"]["ms"] / pre["ms"],
                 "always_next_over_plan": s["always-next"]["ms"] / s["plan"]["ms"],

@@ -59,6 +59,21 @@ def test_the_plan_is_written_streams_and_names_its_segments(planned):
         assert hashlib.sha256(blob).hexdigest() == seg.sha256 and len(blob) == seg.size
 
 
+def test_the_prediction_counts_what_each_cut_segment_holds(planned):
+    """Measured once built (``profile.footprint``), and the activations the runtime keeps: at least the
+    segment's own inputs and outputs, as its interpreter declares them."""
+    root, _, _, plan, _ = planned
+    (m,) = plan.models
+    assert m.footprint == "segments"
+    for seg in m.segments:
+        it = litert.interpreter((root / "deployments" / "sq-solo" / seg.file).read_bytes(), deterministic=False)
+        ports = it.get_input_details() + it.get_output_details()
+        assert seg.built_bytes > 0 and seg.arena_bytes > 0
+        assert seg.live_bytes >= sum(int(np.prod(d["shape"])) * np.dtype(d["dtype"]).itemsize for d in ports)
+    assert m.segments[-1].live_bytes == sum(int(np.prod(d["shape"])) * np.dtype(d["dtype"]).itemsize
+                                            for d in ports)  # the last one: nothing else is left to keep
+
+
 def test_the_planned_segments_stream_to_the_int8_models_bits(planned):
     root, d, _, plan, _ = planned
     (m,) = plan.models
@@ -84,6 +99,20 @@ def test_bad_inputs_say_what_to_run(planned, tmp_path):
     shutil.rmtree(bare / "stream")
     with pytest.raises(ArtifactError, match="run `edgeplan stream"):
         plan_flashmem(tmp_path, "sq-solo", copy.deepcopy(p))
+
+
+def test_a_segment_measurement_that_fails_leaves_the_layers_figures_and_says_so(planned, tmp_path, monkeypatch,
+                                                                               caplog):
+    from edgeplan.profile import footprint
+
+    root, _, p, plan, _ = planned
+    work = tmp_path / "artifacts"
+    shutil.copytree(root, work)
+    monkeypatch.setattr(footprint, "TIMEOUT_S", 0.001)  # the measuring process cannot finish: a real timeout
+    again, _ = plan_flashmem(work, "sq-solo", copy.deepcopy(p), m_peak=plan.m_peak)
+    (m,) = again.models
+    assert m.footprint == "layers" and all(s.built_bytes == 0 for s in m.segments)
+    assert "predicted residency from its layers' figures: measuring" in caplog.text and "took over" in caplog.text
 
 
 def test_the_bundle_carries_the_plan_and_its_segments_and_refuses_a_stale_one(planned, tmp_path):

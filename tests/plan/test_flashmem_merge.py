@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from edgeplan.plan.flashmem import lcopg
-from edgeplan.plan.flashmem.merge import merge, shifted
+from edgeplan.plan.flashmem.merge import Footprint, measured, merge, shifted
 from edgeplan.plan.flashmem.plan import groups
-from edgeplan.plan.flashmem.problem import Layer, Problem
+from edgeplan.plan.flashmem.problem import KIB, Layer, Problem
+from edgeplan.profile import footprint
 from edgeplan.quantize import litert
 from edgeplan.quantize import stream as cutting
 from edgeplan.quantize.tflite_graph import TfliteGraph
@@ -99,3 +100,35 @@ def test_a_merged_run_reads_its_weights_before_it_starts(solved):
         assert all(ld.layer in start and start[ld.layer] < seg[w.layer] for ld in w.loads)
         assert w.build_layer in start and start[w.build_layer] < seg[w.layer]
         assert w.build_layer >= max(ld.layer for ld in w.loads)
+
+
+def test_measured_segments_replace_their_layers_figures_in_the_prediction(solved, tmp_path):
+    """Each cut segment measured once built (a real LiteRT build in a fresh process): its built bytes are what
+    its weights hold from its build until it has run, its arena and live activations held while it runs."""
+    _, g, ls, problem, plan = solved
+    runs, _ = merge(problem, plan, groups(plan, problem.n), min_segment_ms=3.5)
+    held = footprint.measure([s.path for s in _segments(g, ls, runs, tmp_path)])
+    assert len(held) == len(runs) and all(built > 0 and arena > 0 for built, arena in held)
+    fps = [Footprint(built, arena, 1000 * k) for k, (built, arena) in enumerate(held)]
+    p = measured(problem, runs, fps)
+    for (a, b), fp in zip(runs, fps):
+        weighted = [i for i in range(a, b + 1) if problem.layers[i].weight_bytes]
+        if weighted:  # spread in proportion, rounded per layer
+            assert abs(sum(p.layers[i].built_bytes for i in weighted) - fp.built_bytes) <= len(weighted)
+        assert [p.layers[i].arena_bytes for i in range(a, b + 1)] == [fp.arena_bytes + fp.live_bytes] + [0] * (b - a)
+    out = shifted(p, plan, runs)
+    quiet = shifted(measured(problem, runs, [Footprint(f.built_bytes, f.arena_bytes, 0) for f in fps]), plan, runs)
+    seg = {layer: k for k, (a, b) in enumerate(runs) for layer in range(a, b + 1)}
+    # a segment's live activations count at every layer it runs, and nowhere else
+    assert [x - y for x, y in zip(out.resident_bytes, quiet.resident_bytes)] == [
+        -(-(fps[seg[layer]].arena_bytes + fps[seg[layer]].live_bytes) // KIB) * KIB
+        - (-(-fps[seg[layer]].arena_bytes // KIB) * KIB) for layer in range(problem.n)]
+    assert out.weights == shifted(problem, plan, runs).weights  # the same reads and builds, other figures
+
+
+def test_a_failed_measurement_says_what_failed(tmp_path):
+    bad = tmp_path / "s0.tflite"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(footprint.ProfileError, match=r"measuring the built segments failed \(exit 1\)"):
+        footprint.measure([bad])
+    assert footprint.measure([]) == []

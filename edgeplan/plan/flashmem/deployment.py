@@ -5,19 +5,27 @@ Per model: its streaming layers (``stream/stream.json``), their measured load ca
 partitions SwapLess preloads for fast switching when its plan exists), LC-OPG, then the segments the plan
 runs — runs of layers (``plan.groups``, then merged while shorter than ``flashmem.min_segment_ms``:
 ``merge``) cut from ``stream/model_split.tflite`` into ``deployments/<name>/flashmem/<model>/`` — each named in
-the plan by its sha256. The plan recorded is the solver's shifted to what the runtime does over those segments.
+the plan by its sha256. The plan recorded is the solver's shifted to what the runtime does over those segments,
+its predicted residency from what the cut segments hold, measured here once built (``profile.footprint``), and
+the activations the runtime keeps between them (from the graph); the layers' own figures when that measuring
+fails (the plan's ``footprint`` says which).
 """
 from __future__ import annotations
 
 import hashlib
+import logging
+import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
 
 from edgeplan.artifacts import StreamInfo, write_bytes_atomic
 from edgeplan.errors import ArtifactError, PlanError, ProfileError
 from edgeplan.pipeline.planning import deployment, resolve_version
 from edgeplan.plan.flashmem import lcopg
-from edgeplan.plan.flashmem.merge import merge
+from edgeplan.plan.flashmem.merge import Footprint, measured, merge, shifted
 from edgeplan.plan.flashmem.plan import (
     FlashMemPlan,
     ModelStreamPlan,
@@ -27,7 +35,10 @@ from edgeplan.plan.flashmem.plan import (
 from edgeplan.plan.flashmem.problem import Layer, Problem
 from edgeplan.profile import capacity as cap
 from edgeplan.profile import fleet as fleet_mod
+from edgeplan.profile import footprint
 from edgeplan.profile.schema import Profile
+
+log = logging.getLogger(__name__)
 
 
 def m_peak_bytes(root: Path, name: str, ram_bytes: int, settings: dict) -> int:
@@ -83,19 +94,32 @@ def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None
             raise ProfileError(f"{path}: no load capacity measured (the class's CPU is not measured here, or "
                                "flashmem.capacity_rounds is 0); FlashMem plans from measured load capacity")
         prob = problem(info, load, settings, budget)
-        overlap = lcopg.plan(prob, lambda done, total, n=m["name"]: progress(n, done, total))
-        runs, overlap = merge(prob, overlap, groups(overlap, len(info.layers)), float(settings["min_segment_ms"]))
-        segments = _cut(d, info, runs, out_dir, f"flashmem/{m['name']}")
+        solved = lcopg.plan(prob, lambda done, total, n=m["name"]: progress(n, done, total))
+        runs, overlap = merge(prob, solved, groups(solved, len(info.layers)), float(settings["min_segment_ms"]))
+        segments, live = _cut(d, info, runs, out_dir, f"flashmem/{m['name']}")
+        try:
+            held = footprint.measure([out_dir / s.file for s in segments])
+        except ProfileError as e:
+            log.warning("%s: predicted residency from its layers' figures: %s", m["name"], e)
+            source = "layers"
+        else:
+            segments = [replace(s, built_bytes=built, arena_bytes=arena, live_bytes=n)
+                        for s, (built, arena), n in zip(segments, held, live, strict=True)]
+            fps = [Footprint(s.built_bytes, s.arena_bytes, s.live_bytes) for s in segments]
+            overlap, source = shifted(measured(prob, runs, fps), solved, runs), "segments"
         preload_peak = sum(prob.full_kib(i) for i in range(prob.n)) * 1024
         models.append(ModelStreamPlan(m["name"], version, info.split_sha256, "measured", tuple(segments), overlap,
-                                      preload_peak))
+                                      preload_peak, source))
     result = FlashMemPlan(name, dc.name, budget, tuple(models))
     out = out_dir / "plans" / "flashmem.json"
     result.save(out)
     return result, out
 
 
-def _cut(d: Path, info: StreamInfo, runs: list[tuple[int, int]], out_dir: Path, rel: str) -> list[StreamSegment]:
+def _cut(d: Path, info: StreamInfo, runs: list[tuple[int, int]], out_dir: Path, rel: str
+         ) -> tuple[list[StreamSegment], list[int]]:
+    """The segments, written, and the activation bytes the runtime holds while each runs (``Streamer.run``'s live
+    set: the model's inputs and every output kept until the last segment reading it has run, and its outputs)."""
     from edgeplan.quantize import stream as cutting
     from edgeplan.quantize.tflite_graph import TfliteGraph
 
@@ -106,12 +130,27 @@ def _cut(d: Path, info: StreamInfo, runs: list[tuple[int, int]], out_dir: Path, 
     target = out_dir / rel
     if target.exists():
         shutil.rmtree(target)
-    segments = []
+    segments, ports = [], []
     for k, ((a, b), blob) in enumerate(zip(runs, cutting.segments(g, runs))):
         file = f"{rel}/s{k:04d}.tflite"
         write_bytes_atomic(out_dir / file, blob)
         first = info.layers[a]
-        inputs, _ = cutting.boundary(g, first.first_op, info.layers[b].last_op)
+        inputs, outputs = cutting.boundary(g, first.first_op, info.layers[b].last_op)
         segments.append(StreamSegment(file, hashlib.sha256(blob).hexdigest(), len(blob), first.op, a, b,
                                       tuple(g.tensors[i].name for i in inputs)))
-    return segments
+        ports.append((inputs, outputs))
+    return segments, _live_bytes(g, ports)
+
+
+def _live_bytes(g, ports: list[tuple[list[int], list[int]]]) -> list[int]:
+    def size(i: int) -> int:
+        t = g.tensors[i]
+        return math.prod(t.shape) * np.dtype(t.dtype.lower()).itemsize
+
+    last = {i: k for k, (inputs, _) in enumerate(ports) for i in inputs}
+    live = set(ports[0][0]) if ports else set()
+    out = []
+    for k, (_, outputs) in enumerate(ports):
+        out.append(sum(size(i) for i in live | set(outputs)))
+        live = {i for i in live | set(outputs) if last.get(i, len(ports)) > k}
+    return out

@@ -15,11 +15,13 @@ run in, as long as the plan, shifted to what the runtime then does, still fits M
 - a preloaded weight inside a run that streams is read with the run (the runtime reads the segment whole).
 
 The shifted plan replaces the solver's: its loads and builds are where the runtime acts, its ``resident_bytes``
-the prediction set beside the measured peak, its over-capacity recounted. Stdlib only.
+the prediction set beside the measured peak, its over-capacity recounted. Once the segments are cut, ``measured``
+puts what each holds in that prediction (``profile.footprint``: built and arena as measured, and the activations
+the runtime keeps while it runs) in place of its layers' figures. Stdlib only.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from edgeplan.plan.flashmem.plan import Ledger, Load, OverlapPlan, run_loads
 from edgeplan.plan.flashmem.problem import KIB, Problem
@@ -52,6 +54,33 @@ def shifted(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]]) ->
     return replace(plan, weights=tuple(weights), resident_bytes=tuple(m * KIB for m in ledger.mem),
                    preload_bytes=sum(w.bytes for w in weights if w.preload), over_capacity_bytes=over_read * KIB,
                    over_build_ms=over_build / 1000)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """One cut segment: the resident set its build adds and its arena's span (measured), and the activations the
+    runtime holds while it runs (its inputs, what earlier segments made for later ones, its outputs)."""
+
+    built_bytes: int
+    arena_bytes: int
+    live_bytes: int
+
+
+def measured(problem: Problem, runs: list[tuple[int, int]], footprints: list[Footprint]) -> Problem:
+    """``problem`` with each run's layers carrying its segment's footprint, for ``shifted``: the built bytes spread
+    over the run's weighted layers in proportion to their own (a run's weights are built together and all stay
+    until it has run: only the total matters; a run of weight-free layers holds no weight the ledger follows, and
+    its few built KiB stay out as before), the arena and live activations on its first layer (``shifted`` holds
+    a run's largest arena through all its layers)."""
+    layers = list(problem.layers)
+    for (a, b), fp in zip(runs, footprints, strict=True):
+        weighted = [i for i in range(a, b + 1) if layers[i].weight_bytes > 0]
+        own = sum(problem.packed_kib(i) for i in weighted)
+        for i in range(a, b + 1):
+            share = problem.packed_kib(i) / own if i in weighted and own else 0.0
+            layers[i] = replace(layers[i], built_bytes=round(fp.built_bytes * share),
+                                arena_bytes=fp.arena_bytes + fp.live_bytes if i == a else 0)
+    return replace(problem, layers=tuple(layers))
 
 
 def merge(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]], min_segment_ms: float

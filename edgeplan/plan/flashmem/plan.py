@@ -203,6 +203,11 @@ class StreamSegment:
     first_layer: int
     last_layer: int
     inputs: tuple[str, ...]
+    # what it holds (``merge.Footprint``), when the plan's footprint is "segments": measured once built here, and
+    # the activations the runtime keeps while it runs (its inputs, earlier outputs read later, its outputs)
+    built_bytes: int = 0
+    arena_bytes: int = 0
+    live_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -216,6 +221,9 @@ class ModelStreamPlan:
     segments: tuple[StreamSegment, ...]
     plan: OverlapPlan
     preload_peak_bytes: int  # the same weights all preloaded and built: the plan's arithmetic, for comparison
+    # what plan.resident_bytes counts for each segment: "segments" (what the cut segments hold, measured once
+    # built, and the activations kept between them) or "layers" (the profile's per-layer figures)
+    footprint: str = "layers"
 
 
 @dataclass(frozen=True)
