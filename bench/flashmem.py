@@ -339,7 +339,7 @@ def solve_row(name: str, prob) -> dict:
     t0 = time.perf_counter()
     p = lcopg.plan(prob)
     wall = time.perf_counter() - t0
-    ws = [{"layers": [w.first, w.last], "weights": w.weights, "tier": w.tier, "status": w.status,
+    ws = [{"layers": [w.first, w.last], "weights": w.weights, "tier": w.tier, "why": w.why, "status": w.status,
            "gap": w.gap, "seconds": round(w.seconds, 3)} for w in p.windows]
     row = {"model": name, "layers": prob.n, "weights": len(prob.weights()), "objective": prob.objective,
            "window": prob.window, "m_peak_bytes": prob.m_peak, "windows": len(ws),

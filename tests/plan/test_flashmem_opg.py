@@ -203,6 +203,19 @@ def test_greedy_preloads_a_weight_it_would_read_far_ahead(objective):
     assert not w.preload and w.loads == (Load(11, 1),)
 
 
+def test_greedy_keeps_c3_before_it_preloads_to_save():
+    """Layer 12's weight could be streamed (read at layer 0) or preloaded (cheaper: 0.9 against 0.1 x 12);
+    layer 13's can only be preloaded (no capacity in its lookback). Layer 0 has room for one preload beside
+    a streamed chunk, not two: the cheaper preload must not take the room the other needs."""
+    layers = tuple(Layer(f"l{i}", 2048 if i in (12, 13) else 0, 1.0, "reusable", 1 if i == 0 else 0, 1.0)
+                   for i in range(14))
+    p = Problem(layers, S, m_peak=16 * 1024, lam=0.9, objective="paper", window=14, lookback=12)
+    ledger = Ledger(p)
+    ledger.mem[0] += 10  # KiB already held at layer 0: 6 left
+    a, b = greedy.place(p, ledger, [12, 13])
+    assert not a.preload and a.loads == (Load(0, 1),) and b.preload
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(problems(max_layers=6))
 def test_greedy_cost_is_the_objective_the_solver_minimises(p):

@@ -3,9 +3,9 @@
 Weights in the order of use; each segment is built at the latest layer before its use whose shadow holds
 the build, and its chunks are read as late as the layers' remaining capacity and the memory headroom allow,
 walking back from the build layer. What no layer can absorb is read at the build layer anyway (over
-capacity: a stall the plan reports). A weight is preloaded instead when that fits M_peak and either keeps C3 or
-costs the objective less than streaming it (read far ahead); a weight with no layer before it, or whose reads
-would break M_peak everywhere, is preloaded.
+capacity: a stall the plan reports), unless preloading it fits M_peak (C3 kept). Then, most saving first, a
+streamed weight whose preloading costs the objective less (read far ahead) is preloaded where memory still
+allows. A weight with no layer before it, or whose reads would break M_peak everywhere, is preloaded.
 """
 from __future__ import annotations
 
@@ -14,20 +14,34 @@ from edgeplan.plan.flashmem.problem import Problem
 
 
 def place(problem: Problem, ledger: Ledger, ws: list[int]) -> list[WeightPlan]:
-    """Plans for ``ws``; ``ledger`` is left untouched (the caller commits)."""
+    """Plans for ``ws``; ``ledger`` is left untouched (the caller commits). Two passes: C3 first (a weight is
+    preloaded only where no layer can stream it), then the streamed weights whose preloading saves the most,
+    while memory allows — else the first weights' cheaper preloads take the memory the later ones need to keep
+    C3."""
     book = ledger.copy()
-    out = []
+    out = {}
     for i in sorted(ws):
-        w = _one(problem, book, i)
-        book.commit(w)
-        out.append(w)
-    return out
+        out[i] = _one(problem, book, i, cheaper=False)
+        book.commit(out[i])
+    saving = {i: cost(problem, w) - cost(problem, _preloaded(problem, i)) for i, w in out.items() if not w.preload}
+    for i in sorted((i for i in saving if saving[i] > 0), key=lambda i: -saving[i]):
+        book.commit(out[i], -1)
+        pre = _preloaded(problem, i)
+        if min(book.mem_room(k) for k in range(i + 1)) >= problem.full_kib(i):
+            out[i] = pre
+        book.commit(out[i])
+    return [out[i] for i in sorted(ws)]
 
 
-def _one(problem: Problem, book: Ledger, i: int) -> WeightPlan:
+def _preloaded(problem: Problem, i: int) -> WeightPlan:
+    layer = problem.layers[i]
+    return WeightPlan(i, layer.name, layer.weight_bytes, problem.chunks(i), True)
+
+
+def _one(problem: Problem, book: Ledger, i: int, cheaper: bool = True) -> WeightPlan:
     layer = problem.layers[i]
     t, ck, pk = problem.chunks(i), problem.chunk_kib(i), problem.packed_kib(i)
-    preload = WeightPlan(i, layer.name, layer.weight_bytes, t, True)
+    preload = _preloaded(problem, i)
     loads = list(problem.load_layers(i))
     if not loads:
         return preload
@@ -56,7 +70,7 @@ def _one(problem: Problem, book: Ledger, i: int) -> WeightPlan:
                           tuple(Load(ell, taken[ell]) for ell in sorted(taken)), build)
     # preloaded instead when memory allows and it keeps C3 or costs the objective less (a weight read far ahead)
     if min(book.mem_room(k) for k in range(i + 1)) >= problem.full_kib(i) and (
-            left or cost(problem, preload) < cost(problem, streamed)):
+            left or cheaper and cost(problem, preload) < cost(problem, streamed)):
         return preload
     return streamed
 

@@ -87,21 +87,22 @@ class Ledger:
         self.read = [0] * n
         self.build = [0] * n
 
-    def commit(self, w: WeightPlan) -> None:
+    def commit(self, w: WeightPlan, sign: int = 1) -> None:
+        """Add what ``w`` holds, reads and builds (``sign`` -1: take a committed ``w`` back out)."""
         p, i = self.problem, w.layer
         if w.preload:
             for ell in range(i + 1):
-                self.mem[ell] += p.full_kib(i)
+                self.mem[ell] += sign * p.full_kib(i)
             return
         ck = p.chunk_kib(i)
         for load in w.loads:
-            self.read[load.layer] += load.chunks * ck
+            self.read[load.layer] += sign * load.chunks * ck
             for ell in range(load.layer, i + 1):
-                self.mem[ell] += load.chunks * ck
+                self.mem[ell] += sign * load.chunks * ck
         if w.build_layer is not None:
-            self.build[w.build_layer] += p.build_us(i)
+            self.build[w.build_layer] += sign * p.build_us(i)
             for ell in range(w.build_layer, i + 1):
-                self.mem[ell] += p.packed_kib(i)
+                self.mem[ell] += sign * p.packed_kib(i)
 
     def copy(self) -> "Ledger":
         out = Ledger.__new__(Ledger)
