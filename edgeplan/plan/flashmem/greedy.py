@@ -21,14 +21,13 @@ def place(problem: Problem, ledger: Ledger, ws: list[int]) -> list[WeightPlan]:
     book = ledger.copy()
     out = {}
     for i in sorted(ws):
-        out[i] = _one(problem, book, i, cheaper=False)
+        out[i] = _one(problem, book, i)
         book.commit(out[i])
     saving = {i: cost(problem, w) - cost(problem, _preloaded(problem, i)) for i, w in out.items() if not w.preload}
     for i in sorted((i for i in saving if saving[i] > 0), key=lambda i: -saving[i]):
         book.commit(out[i], -1)
-        pre = _preloaded(problem, i)
-        if min(book.mem_room(k) for k in range(i + 1)) >= problem.full_kib(i):
-            out[i] = pre
+        if _preload_fits(problem, book, i):
+            out[i] = _preloaded(problem, i)
         book.commit(out[i])
     return [out[i] for i in sorted(ws)]
 
@@ -38,7 +37,11 @@ def _preloaded(problem: Problem, i: int) -> WeightPlan:
     return WeightPlan(i, layer.name, layer.weight_bytes, problem.chunks(i), True)
 
 
-def _one(problem: Problem, book: Ledger, i: int, cheaper: bool = True) -> WeightPlan:
+def _preload_fits(problem: Problem, book: Ledger, i: int) -> bool:
+    return min(book.mem_room(k) for k in range(i + 1)) >= problem.full_kib(i)
+
+
+def _one(problem: Problem, book: Ledger, i: int) -> WeightPlan:
     layer = problem.layers[i]
     t, ck, pk = problem.chunks(i), problem.chunk_kib(i), problem.packed_kib(i)
     preload = _preloaded(problem, i)
@@ -64,15 +67,12 @@ def _one(problem: Problem, book: Ledger, i: int, cheaper: bool = True) -> Weight
         if n:
             taken[ell] = n
             left -= n
-    if left:  # beyond every layer's capacity: read at the build layer, over capacity (unless preloaded, below)
+    if left:  # beyond every layer's capacity: preloaded where memory allows (C3 kept), else read over capacity
+        if _preload_fits(problem, book, i):
+            return preload
         taken[build] = taken.get(build, 0) + left
-    streamed = WeightPlan(i, layer.name, layer.weight_bytes, t, False,
-                          tuple(Load(ell, taken[ell]) for ell in sorted(taken)), build)
-    # preloaded instead when memory allows and it keeps C3 or costs the objective less (a weight read far ahead)
-    if min(book.mem_room(k) for k in range(i + 1)) >= problem.full_kib(i) and (
-            left or cheaper and cost(problem, preload) < cost(problem, streamed)):
-        return preload
-    return streamed
+    return WeightPlan(i, layer.name, layer.weight_bytes, t, False,
+                      tuple(Load(ell, taken[ell]) for ell in sorted(taken)), build)
 
 
 def cost(problem: Problem, w: WeightPlan) -> float:
