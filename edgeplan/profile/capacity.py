@@ -132,6 +132,19 @@ class _Pressure:
             os.close(fd)
 
 
+def build_kept(model: bytes) -> tuple[object, float, int]:
+    """``model`` built on one thread, its tensors allocated: (the interpreter, build ms, bytes the build added to
+    the resident set). The caller keeps the interpreter, so that the next build's delta is that build's own."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    r0 = rss()
+    t0 = time.perf_counter()
+    it = Interpreter(model_content=model, num_threads=1)
+    it.allocate_tensors()
+    ms = (time.perf_counter() - t0) * 1e3
+    return it, ms, max(0, rss() - r0)
+
+
 def arena_bytes(it) -> int:
     """The span of a built interpreter's non-constant tensors in memory: its arena. Non-constant: the model's
     inputs, every op's outputs, and the tensors no op names — the temporaries kernels add at allocation (int8
@@ -197,13 +210,7 @@ def measure(segments: list[tuple[str, str, int, bytes]], scratch: Path, probe: P
     # become resident only when the segment runs (ResNet50V2's 55 layers: +41.5 MiB built, +29.2 MiB more once
     # run, arena spans 25.7 MiB), and the runtime drops a segment right after it runs: one arena at a time.
     for i in range(n):
-        r0 = rss()
-        t0 = time.perf_counter()
-        it = Interpreter(model_content=segments[i][3], num_threads=1)
-        it.allocate_tensors()
-        builds[i] = (time.perf_counter() - t0) * 1e3
-        built[i] = max(0, rss() - r0)
-        its[i] = it
+        its[i], builds[i], built[i] = build_kept(segments[i][3])
     rss_built = max(0, rss() - before)
     arenas = [arena_bytes(it) for it in its]
     for it in its:

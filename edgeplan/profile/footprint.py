@@ -49,22 +49,15 @@ def measure(paths: list[Path]) -> list[tuple[int, int]]:
 
 
 def _measure_here(paths: list[str]) -> list[tuple[int, int]]:
-    from ai_edge_litert.interpreter import Interpreter
-
-    from edgeplan.pipeline.memory import rss
-    from edgeplan.profile.capacity import arena_bytes
+    from edgeplan.profile.capacity import arena_bytes, build_kept
     from edgeplan.runtime.stream import return_freed_memory
 
     return_freed_memory()
     blobs = [Path(p).read_bytes() for p in paths]
-    first = Interpreter(model_content=blobs[0], num_threads=1)  # the one-time costs of a first build
-    first.allocate_tensors()
-    kept, out = [first], []
+    kept, out = [build_kept(blobs[0])[0]], []  # first: the one-time costs of a first build
     for blob in blobs:
-        r0 = rss()
-        it = Interpreter(model_content=blob, num_threads=1)
-        it.allocate_tensors()
-        out.append((max(0, rss() - r0), arena_bytes(it)))
+        it, _, added = build_kept(blob)
+        out.append((added, arena_bytes(it)))
         kept.append(it)
     return out
 
