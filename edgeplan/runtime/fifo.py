@@ -189,4 +189,7 @@ def _preloaded(path: Path, sha256: str, x: np.ndarray, interp) -> np.ndarray:
     it = interp(data)
     it.set_tensor(it.get_input_details()[0]["index"], x)
     it.invoke()
-    return it.get_tensor(it.get_output_details()[0]["index"])  # a copy already
+    out = it.get_tensor(it.get_output_details()[0]["index"])  # a copy already
+    del it, data
+    stream.trim_heap()  # as a streamed request ends (``stream.trim_heap``)
+    return out

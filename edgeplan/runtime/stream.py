@@ -1,6 +1,7 @@
-"""Streamed int8 execution (FlashMem §4, the CPU analogue): reader threads (``READERS``, taking the segments
-in turn) read each segment's blob in planned pieces (``pread``: the GIL is released) when the compute thread
-reaches each piece's planned position and check its sha256; a preloader thread reads the preloaded segments
+"""Streamed int8 execution (FlashMem §4, the CPU analogue): reader threads (``READERS``) read the segments'
+blobs in their planned pieces (``pread``: the GIL is released), every piece in the plan's order (by planned
+position, whatever segment it belongs to) once the compute thread reaches its position, and check each blob's
+sha256 when its last piece is in; a preloader thread reads the preloaded segments
 as the request starts; a builder thread builds each interpreter (which holds the GIL) at its planned position
 (a preloaded one in the first shadow it can take), in the shadow of an invoke, while the readers go on; the
 compute thread invokes the segments in order and drops each after use. numpy + ai-edge-litert + the standard
@@ -29,7 +30,7 @@ from edgeplan.plan.flashmem.plan import OverlapPlan, run_loads
 
 MODES = ("serial", "always-next", "same-op-type", "plan")
 SWITCH_INTERVAL_S = 0.001
-READERS = 2  # reader threads (``Streamer(readers=)``): 1 reads the segments strictly in turn
+READERS = 2  # reader threads (``Streamer(readers=)``): 1 reads the planned pieces strictly one after another
 
 
 class StreamError(EdgeplanError):
@@ -62,6 +63,7 @@ class Step:
 class SegmentLog:
     planned_build: int
     built_at: int = -2  # the compute position when its build began (-1: before the first invoke)
+    read_at: list[int] = field(default_factory=list)  # the compute position as each planned piece's read began
     read_ms: float = 0.0
     build_ms: float = 0.0
     stall_ms: float = 0.0
@@ -120,6 +122,20 @@ def _from_plan(segments: list[Segment], plan: OverlapPlan) -> list[Step]:
     return steps
 
 
+def pieces(steps: list[Step]) -> list[tuple[int, int, int, int]]:
+    """The streamed segments' planned pieces as (position, segment, offset, bytes), in the order the readers take
+    them: by planned position, then segment (the one needed first), then offset. The preloaded segments (build
+    -1) are the preloader's."""
+    out = []
+    for k, step in enumerate(steps):
+        if step.build >= 0:
+            offset = 0
+            for pos, nbytes in step.reads:
+                out.append((pos, k, offset, nbytes))
+                offset += nbytes
+    return sorted(out)
+
+
 Ports = tuple[tuple[tuple[int, str], ...], tuple[tuple[int, str], ...]]  # (inputs, outputs) as (index, name)
 
 
@@ -165,19 +181,48 @@ def return_freed_memory() -> bool:
     threshold rises to the largest block freed, so a dropped segment's buffers stay in the heap and the resident
     set never falls: measured on ResNet50 int8 streamed FIFO, 42-56 MB peak above the start with the default,
     21-22 MB with this (the whole model preloaded: 63-64 MB either way). What the heap already holds free is
-    handed back too (``malloc_trim``): else new buffers reuse those resident pages and a build's resident-set delta
+    handed back too (``trim_heap``): else new buffers reuse those resident pages and a build's resident-set delta
     reads 0 (the load-capacity profile after the CPU timings: ResNet50V2's stem measured 4 KiB, 6.5 MiB alone).
-    Process-wide; False off glibc."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        fixed = bool(libc.mallopt(-3, 128 * 1024))  # M_MMAP_THRESHOLD
-        libc.malloc_trim(0)
-        return fixed
-    except (OSError, AttributeError):
+    And every thread allocates from the one heap (``M_ARENA_MAX`` 1): a streamed request's reader and builder
+    threads, each with an arena of its own, left freed blocks resident in four heaps, so a request's peak
+    depended on which thread had freed what — DenseNet201 streamed, cold, seven processes: 13.5-22.0 MiB above
+    the start with an arena per thread, 14.8-15.0 MiB with one (InceptionV3 18.2-19.2 vs 15.4-16.2; request times
+    within the host's noise). Threads that already have an arena keep it. Process-wide; False off glibc."""
+    libc = _libc()
+    if libc is None:
         return False
+    fixed = bool(libc.mallopt(-3, 128 * 1024))  # M_MMAP_THRESHOLD
+    libc.mallopt(-8, 1)  # M_ARENA_MAX
+    libc.malloc_trim(0)
+    return fixed
+
+
+def trim_heap() -> None:
+    """Hand the free pages of every malloc arena back to the kernel (glibc's ``malloc_trim``; nothing off glibc).
+    A request ends with it: the blocks under the mmap threshold that its threads freed stay resident in their
+    arenas, and request after request the resident set crept up — DenseNet201 streamed, cold, 12 requests:
+    +4 to +7 MiB over the first, the whole model preloaded +7.4 MiB; with a trim after each, within 2 MiB and
+    flat. A trim costs 0.3-1.6 ms here."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+_LIBC: list = []
+
+
+def _libc():
+    """glibc through ctypes, or None (another C library: its allocator is left as it is)."""
+    if not _LIBC:
+        import ctypes
+        import ctypes.util
+
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.append(libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None)
+        except OSError:
+            _LIBC.append(None)
+    return _LIBC[0]
 
 
 def _bytes_buffer(n: int) -> tuple[bytes, memoryview]:
@@ -217,12 +262,14 @@ class Streamer:
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self.segments, self.steps, self.interpreter, self.mode = segments, steps, interpreter, mode
         self._ports: dict[int, Ports] = {}  # segment -> its tensors, from its first build (checked bytes)
+        self._pieces = pieces(steps)
 
     def run(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], RunLog]:
         log = RunLog(self.mode, [SegmentLog(s.build) for s in self.steps])
         t0 = time.perf_counter()
         cond = threading.Condition()
-        state = {"at": -1, "read": {}, "ready": {}, "error": None, "next_read": 0, "lead": self._lead()}
+        state = {"at": -1, "read": {}, "ready": {}, "error": None, "next_piece": 0, "lead": self._lead(),
+                 "filling": {}}
         for k in range(state["lead"]):  # the preloaded segments the run starts with: read and built first
             data = self._read(k, self.steps[k], log.segments[k], lambda pos: True)
             state["ready"][k] = self._build(k, data, log.segments[k], -1)
@@ -260,6 +307,7 @@ class Streamer:
                 cond.notify_all()
             for w in workers:
                 w.join()
+            trim_heap()
         log.seconds = time.perf_counter() - t0
         return out, log
 
@@ -275,11 +323,14 @@ class Streamer:
                 last[name] = k
         return last
 
-    # Reader threads and a builder, so a segment's reads (``pread`` and sha256: the GIL released) overlap the
-    # build of the one before it (which holds the GIL): a reader reads each piece once the compute thread
-    # reaches its planned position and checks the hash; the builder builds at the planned position once the
-    # bytes are in. Two readers keep two segments' planned pieces in flight: a cold read of a small blob waits
-    # on the disk more than it copies (DenseNet201's 199 blobs, 21 MB, cold: 47-53 ms in turn, 36 ms two at once).
+    # Reader threads and a builder, so the reads (``pread`` and sha256: the GIL released) overlap the builds
+    # (which hold the GIL): the readers take the planned pieces one at a time in the plan's order (``pieces``),
+    # each once the compute thread reaches its position, and whoever reads a blob's last piece checks its hash;
+    # the builder builds at the planned position once the bytes are in. Taken a segment at a time instead, a
+    # reader waiting for one segment's late piece held back every later segment's early ones: VGG19's fc1 parts,
+    # planned to be read beside the first convolutions, were read from position 9 on. Two readers keep two
+    # pieces in flight: a cold read of a small blob waits on the disk more than it copies (DenseNet201's 199
+    # blobs, 21 MB, cold: 47-53 ms in turn, 36 ms two at once).
     def read_only(self) -> float:
         """Every segment read and checked by this streamer's reader threads along the request's read path, with no
         wait for a position and nothing built or run: the least time a streamed request can take (its read
@@ -326,21 +377,36 @@ class Streamer:
         return state["error"] is None and state["at"] < len(self.segments)
 
     def _reader(self, cond: threading.Condition, state: dict, log: RunLog) -> None:
-        def reached(pos: int) -> bool:
-            with cond:
-                while state["at"] < pos:
-                    cond.wait()
-                return state["at"] < len(self.segments)
-
-        def read_all():  # the segments in order, shared with the other readers
+        def read_all():  # the planned pieces in order, shared with the other readers
             while True:
                 with cond:
-                    k = state["next_read"]
-                    state["next_read"] += 1
-                if k >= len(self.steps):
-                    return
-                if self.steps[k].build >= 0:
-                    self._hand(cond, state, "read", k, self._read(k, self.steps[k], log.segments[k], reached))
+                    j = state["next_piece"]
+                    state["next_piece"] += 1
+                    if j >= len(self._pieces):
+                        return
+                    pos, k, offset, nbytes = self._pieces[j]
+                    while state["at"] < pos and self._running(state):
+                        cond.wait()
+                    if not self._running(state):
+                        return
+                    entry = log.segments[k]
+                    entry.read_at.append(state["at"])
+                    if k not in state["filling"]:
+                        state["filling"][k] = [*_bytes_buffer(self.segments[k].size), len(self.steps[k].reads)]
+                    data, view, _ = state["filling"][k]
+                t = time.perf_counter()
+                self._read_piece(k, view, offset, nbytes)
+                with cond:
+                    entry.read_ms += (time.perf_counter() - t) * 1000
+                    state["filling"][k][2] -= 1
+                    done = state["filling"][k][2] == 0
+                    if done:
+                        del state["filling"][k]
+                if done:
+                    view.release()
+                    self._check(k, data)
+                    self._hand(cond, state, "read", k, data)
+                del data, view  # else the blob outlives its interpreter while this reader waits for a position
 
         self._guard(cond, state, read_all)
 
@@ -359,7 +425,10 @@ class Streamer:
                     todo.remove(k)
                     data = state["read"].pop(k)
                     at = state["at"]
-                self._hand(cond, state, "ready", k, self._build(k, data, log.segments[k], at))
+                it = self._build(k, data, log.segments[k], at)
+                del data  # the interpreter holds the bytes while it lives; nothing here outlives it
+                self._hand(cond, state, "ready", k, it)
+                del it
 
         self._guard(cond, state, build_all)
 
@@ -382,30 +451,40 @@ class Streamer:
 
     def _read(self, k: int, step: Step, entry: SegmentLog, reached: Callable[[int], bool]) -> bytes:
         """Segment k's bytes, each piece read once ``reached(position)`` (False: the run is over), checked."""
-        seg = self.segments[k]
-        try:
-            fd = os.open(seg.path, os.O_RDONLY)
-        except OSError as e:
-            raise StreamError(f"segment {k} ({seg.path.name}): cannot open its blob: {e.strerror}") from e
-        data, view = _bytes_buffer(seg.size)
+        data, view = _bytes_buffer(self.segments[k].size)
         try:
             offset = 0
             for pos, nbytes in step.reads:
                 if not reached(pos):
                     raise _Stopped
                 t = time.perf_counter()
-                got = os.preadv(fd, [view[offset:offset + nbytes]], offset)
+                self._read_piece(k, view, offset, nbytes)
                 entry.read_ms += (time.perf_counter() - t) * 1000
-                if got != nbytes:
-                    raise StreamError(f"segment {k} ({seg.path.name}): blob is shorter than its {seg.size} bytes")
                 offset += nbytes
         finally:
             view.release()
+        self._check(k, data)
+        return data
+
+    def _read_piece(self, k: int, view: memoryview, offset: int, nbytes: int) -> None:
+        """Bytes [offset, offset + nbytes) of segment k's blob into ``view`` at the same offset."""
+        seg = self.segments[k]
+        try:
+            fd = os.open(seg.path, os.O_RDONLY)
+        except OSError as e:
+            raise StreamError(f"segment {k} ({seg.path.name}): cannot open its blob: {e.strerror}") from e
+        try:
+            got = os.preadv(fd, [view[offset:offset + nbytes]], offset)
+        finally:
             os.close(fd)
+        if got != nbytes:
+            raise StreamError(f"segment {k} ({seg.path.name}): blob is shorter than its {seg.size} bytes")
+
+    def _check(self, k: int, data: bytes) -> None:
+        seg = self.segments[k]
         if hashlib.sha256(data).hexdigest() != seg.sha256:
             raise StreamError(f"segment {k} ({seg.path.name}): its bytes do not match sha256 {seg.sha256[:12]}...; "
                               "the blob is corrupt: pull the revision again")
-        return data
 
     def _build(self, k: int, data: bytes, entry: SegmentLog, at: int):
         t = time.perf_counter()
