@@ -33,7 +33,9 @@ Keys (ratios and errors are fractions):
 - rss_prediction_error: max over the models of |plan's predicted peak - measured plan peak| / measured. The
   prediction counts what each cut segment holds, measured once built by the planner, and the activations the
   runtime keeps between segments (``predicted_from``: "segments"; "layers", the profile's per-layer figures,
-  only if that measuring failed).
+  only if that measuring failed), less the loads a segment's invoke is too short to cover (``merge.expected``,
+  at ``predicted_read_mb_s``, the readers' cold rate measured by the planner); each model's
+  ``rss_prediction_error_ledger`` prices the same plan without that timing.
 - identical: 1 if every model's streamed output equals its int8 model's, in every stream mode.
 - second_core_free: a two-process probe run (the speed probe alone and two at once): the ratio of their
   medians (about 1 when the second core is free).
@@ -115,6 +117,16 @@ def problem_of(d: Path, settings: dict, m_peak: int):
 
     info = StreamInfo.load(d / "stream" / "stream.json")
     return problem(info, Profile.load(d / "profiles" / f"{CLASS}.json").load_capacity, settings, m_peak)
+
+
+def ledger_peak(d: Path, settings: dict, mp) -> int:
+    """The recorded plan's peak priced by the ledger alone (``merge.shifted`` over what the segments hold), without
+    ``merge.expected``'s timing: what the prediction was before it."""
+    from edgeplan.plan.flashmem.merge import Footprint, measured, shifted
+
+    runs = [(s.first_layer, s.last_layer) for s in mp.segments]
+    fps = [Footprint(s.built_bytes, s.arena_bytes, s.live_bytes, s.build_ms) for s in mp.segments]
+    return shifted(measured(problem_of(d, settings, mp.plan.m_peak), runs, fps), mp.plan, runs).peak_resident_bytes
 
 
 def budget(d: Path, settings: dict, share: float) -> tuple[int, int]:
@@ -478,6 +490,10 @@ def main() -> int:
                 "always_next_over_read_floor": s["always-next"]["ms"] / floor,
                 "always_next_peak_over_plan": s["always-next"]["peak_bytes"] / s["plan"]["peak_bytes"],
                 "rss_prediction_error": abs(mp.plan.peak_resident_bytes - s["plan"]["peak_bytes"])
+                / s["plan"]["peak_bytes"],
+                "predicted_read_mb_s": mp.read_mb_s,
+                # the same plan priced without when the loads land (every load beside its segment): for comparison
+                "rss_prediction_error_ledger": abs(ledger_peak(d, settings, mp) - s["plan"]["peak_bytes"])
                 / s["plan"]["peak_bytes"],
                 "identical": identical(d, path),
             }

@@ -1,5 +1,7 @@
 """What each streaming segment holds once built, measured on this host: the resident set its build adds
-(packed weights, XNNPACK's buffers, the interpreter) and its arena's span.
+(packed weights, XNNPACK's buffers, the interpreter), its arena's span and its build time; and how fast the
+runtime's readers read the segments cold (``Streamer.read_only``, page cache dropped first), for when the
+loads planned beside a short invoke land (``merge.expected``).
 
 The FlashMem planner merges layers into segments after the load-capacity profile measured them one by one, and
 a merged segment holds far less than its layers did apart — one interpreter, buffers shared: DenseNet201's
@@ -11,14 +13,15 @@ layers (``capacity.measure``): in a fresh process that imports only LiteRT and n
 streaming runtime sets it, a first interpreter built before any is measured, every segment kept once built.
 The device class's load capacity was measured on this host too (``plan_flashmem`` refuses a class without it).
 
-``python -m edgeplan.profile.footprint``: segment paths as a JSON list on stdin, ``[[built, arena], ...]`` on
-stdout.
+``python -m edgeplan.profile.footprint``: segment paths as a JSON list on stdin, ``{"segments": [[built,
+arena, build ms], ...], "read_mb_s": rate}`` on stdout.
 """
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from edgeplan.errors import ProfileError
@@ -26,10 +29,19 @@ from edgeplan.errors import ProfileError
 TIMEOUT_S = 600
 
 
-def measure(paths: list[Path]) -> list[tuple[int, int]]:
-    """(built bytes, arena bytes) of each segment, in order. Raises ``ProfileError`` naming what failed."""
+@dataclass(frozen=True)
+class Held:
+    """What ``measure`` found: per segment (built bytes, arena bytes, build ms), and the cold read rate."""
+
+    segments: list[tuple[int, int, float]]
+    read_mb_s: float
+
+
+def measure(paths: list[Path]) -> Held:
+    """What each segment holds once built and the readers' cold rate (see the module docstring). Raises
+    ``ProfileError`` naming what failed."""
     if not paths:
-        return []
+        return Held([], 0.0)
     try:
         res = subprocess.run([sys.executable, "-m", "edgeplan.profile.footprint"], capture_output=True, text=True,
                              input=json.dumps([str(p) for p in paths]), timeout=TIMEOUT_S)
@@ -40,26 +52,39 @@ def measure(paths: list[Path]) -> list[tuple[int, int]]:
         raise ProfileError(f"measuring the built segments failed (exit {res.returncode}): {tail}")
     try:
         out = json.loads(res.stdout.strip().splitlines()[-1])
-        pairs = [(int(built), int(arena)) for built, arena in out]
-    except (ValueError, TypeError, IndexError):
-        raise ProfileError("measuring the built segments: the measuring process answered no list of pairs") from None
-    if len(pairs) != len(paths):
-        raise ProfileError(f"measuring the built segments: {len(pairs)} answers for {len(paths)} segments")
-    return pairs
+        held = Held([(int(built), int(arena), float(ms)) for built, arena, ms in out["segments"]],
+                    float(out["read_mb_s"]))
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError):
+        raise ProfileError("measuring the built segments: the measuring process answered no list of segments "
+                           "and rate") from None
+    if len(held.segments) != len(paths):
+        raise ProfileError(f"measuring the built segments: {len(held.segments)} answers for {len(paths)} segments")
+    if not held.read_mb_s > 0:
+        raise ProfileError(f"measuring the built segments: a read rate of {held.read_mb_s} MB/s")
+    return held
 
 
-def _measure_here(paths: list[str]) -> list[tuple[int, int]]:
+def _measure_here(paths: list[str]) -> dict:
+    import hashlib
+
     from edgeplan.profile.capacity import arena_bytes, build_kept
-    from edgeplan.runtime.stream import return_freed_memory
+    from edgeplan.runtime import stream
+    from edgeplan.runtime.fifo import drop_cache
 
-    return_freed_memory()
+    stream.return_freed_memory()
     blobs = [Path(p).read_bytes() for p in paths]
     kept, out = [build_kept(blobs[0])[0]], []  # first: the one-time costs of a first build
     for blob in blobs:
-        it, _, added = build_kept(blob)
-        out.append((added, arena_bytes(it)))
+        it, ms, added = build_kept(blob)
+        out.append((added, arena_bytes(it), round(ms, 3)))
         kept.append(it)
-    return out
+    segs = [stream.Segment(Path(p), hashlib.sha256(b).hexdigest(), len(b), "", k, k)
+            for k, (p, b) in enumerate(zip(paths, blobs))]
+    del kept, blobs
+    readers = stream.Streamer(segs, stream.schedule(segs, "serial"), lambda data: None)
+    drop_cache([s.path for s in segs])
+    seconds = readers.read_only()
+    return {"segments": out, "read_mb_s": sum(s.size for s in segs) / 1e6 / seconds}
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ reads and builds, and the merged chain streams the int8 model's bits."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from functools import partial
 from itertools import pairwise
 
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 
 from edgeplan.plan.flashmem import lcopg
-from edgeplan.plan.flashmem.merge import Footprint, measured, merge, shifted
-from edgeplan.plan.flashmem.plan import groups
+from edgeplan.plan.flashmem.merge import Footprint, expected, measured, merge, shifted
+from edgeplan.plan.flashmem.plan import Load, WeightPlan, groups
 from edgeplan.plan.flashmem.problem import KIB, Layer, Problem
 from edgeplan.profile import footprint
 from edgeplan.quantize import litert
@@ -108,8 +109,9 @@ def test_measured_segments_replace_their_layers_figures_in_the_prediction(solved
     _, g, ls, problem, plan = solved
     runs, _ = merge(problem, plan, groups(plan, problem.n), min_segment_ms=3.5)
     held = footprint.measure([s.path for s in _segments(g, ls, runs, tmp_path)])
-    assert len(held) == len(runs) and all(built > 0 and arena > 0 for built, arena in held)
-    fps = [Footprint(built, arena, 1000 * k) for k, (built, arena) in enumerate(held)]
+    assert len(held.segments) == len(runs) and held.read_mb_s > 0
+    assert all(built > 0 and arena > 0 and ms > 0 for built, arena, ms in held.segments)
+    fps = [Footprint(built, arena, 1000 * k) for k, (built, arena, _) in enumerate(held.segments)]
     p = measured(problem, runs, fps)
     for (a, b), fp in zip(runs, fps):
         weighted = [i for i in range(a, b + 1) if problem.layers[i].weight_bytes]
@@ -131,4 +133,30 @@ def test_a_failed_measurement_says_what_failed(tmp_path):
     bad.write_bytes(b"not a model")
     with pytest.raises(footprint.ProfileError, match=r"measuring the built segments failed \(exit 1\)"):
         footprint.measure([bad])
-    assert footprint.measure([]) == []
+    assert footprint.measure([]) == footprint.Held([], 0.0)
+
+
+def test_expected_leaves_out_the_loads_a_short_segment_cannot_cover():
+    """Three one-layer segments; the loads beside the middle one (layer 2's weight read, 2 MiB, and built) take
+    longer than its invoke: the share beyond it is left out while it runs, and nothing else changes."""
+    mib = 2**20
+    layers = (Layer("a", 0, 10.0, "reusable", 0, 0.0, arena_bytes=0),
+              Layer("b", 0, 4.0, "reusable", 0, 0.0, arena_bytes=0),
+              Layer("c", 2 * mib, 1.0, "reusable", 0, 0.0, build_ms=2.0, built_bytes=mib))
+    problem = Problem(layers, chunk_bytes=mib, m_peak=64 * mib, window=3, lookback=2)
+    plan = lcopg.plan(problem)
+    runs = [(0, 0), (1, 1), (2, 2)]
+    w = WeightPlan(2, "c", 2 * mib, 2, False, (Load(1, 2),), 1)
+    plan = shifted(problem, replace(plan, weights=(w,)), runs)
+    assert [b // mib for b in plan.resident_bytes] == [0, 3, 3]  # the ledger: read and built beside layer 1
+    fps = [Footprint(0, 0, 0, 0.0), Footprint(0, 0, 0, 0.0), Footprint(mib, 0, 0, 2.0)]
+    # 2 MiB at 1,000 MB/s: 2.1 ms, then a 2 ms build: 4.1 ms of loads beside a 4 ms invoke
+    fast = expected(problem, plan, runs, fps, 1000.0)
+    late = (1 - 4.0 / (2 * mib / 1e6 + 2.0)) * 3 * 1024
+    assert fast.resident_bytes[1] == plan.resident_bytes[1] - round(late) * KIB
+    assert fast.resident_bytes[0] == plan.resident_bytes[0] and fast.resident_bytes[2] == plan.resident_bytes[2]
+    assert expected(problem, plan, runs, fps, 10_000.0).resident_bytes == plan.resident_bytes  # done in time
+    slow = expected(problem, plan, runs, fps, 10.0)  # 210 ms of reading: almost nothing while layer 1 runs
+    assert slow.resident_bytes[1] < 0.05 * plan.resident_bytes[1] and slow.weights == plan.weights
+    with pytest.raises(ValueError, match="read rate"):
+        expected(problem, plan, runs, fps, 0.0)

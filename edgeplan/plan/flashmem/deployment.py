@@ -7,8 +7,9 @@ runs — runs of layers (``plan.groups``, then merged while shorter than ``flash
 ``merge``) cut from ``stream/model_split.tflite`` into ``deployments/<name>/flashmem/<model>/`` — each named in
 the plan by its sha256. The plan recorded is the solver's shifted to what the runtime does over those segments,
 its predicted residency from what the cut segments hold, measured here once built (``profile.footprint``), and
-the activations the runtime keeps between them (from the graph); the layers' own figures when that measuring
-fails (the plan's ``footprint`` says which).
+the activations the runtime keeps between them (from the graph), less what the runtime has not loaded yet
+while a segment shorter than its loads runs (``merge.expected``, at the readers' cold rate measured with them);
+the layers' own figures when that measuring fails (the plan's ``footprint`` says which).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from edgeplan.artifacts import StreamInfo, write_bytes_atomic
 from edgeplan.errors import ArtifactError, PlanError, ProfileError
 from edgeplan.pipeline.planning import deployment, resolve_version
 from edgeplan.plan.flashmem import lcopg
-from edgeplan.plan.flashmem.merge import Footprint, measured, merge, shifted
+from edgeplan.plan.flashmem.merge import Footprint, expected, measured, merge, shifted
 from edgeplan.plan.flashmem.plan import (
     FlashMemPlan,
     ModelStreamPlan,
@@ -101,15 +102,16 @@ def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None
             held = footprint.measure([out_dir / s.file for s in segments])
         except ProfileError as e:
             log.warning("%s: predicted residency from its layers' figures: %s", m["name"], e)
-            source = "layers"
+            source, read_mb_s = "layers", 0.0
         else:
-            segments = [replace(s, built_bytes=built, arena_bytes=arena, live_bytes=n)
-                        for s, (built, arena), n in zip(segments, held, live, strict=True)]
-            fps = [Footprint(s.built_bytes, s.arena_bytes, s.live_bytes) for s in segments]
-            overlap, source = shifted(measured(prob, runs, fps), solved, runs), "segments"
+            segments = [replace(s, built_bytes=built, arena_bytes=arena, live_bytes=n, build_ms=ms)
+                        for s, (built, arena, ms), n in zip(segments, held.segments, live, strict=True)]
+            fps = [Footprint(s.built_bytes, s.arena_bytes, s.live_bytes, s.build_ms) for s in segments]
+            prices, read_mb_s = measured(prob, runs, fps), round(held.read_mb_s, 1)
+            overlap, source = expected(prices, shifted(prices, solved, runs), runs, fps, read_mb_s), "segments"
         preload_peak = sum(prob.full_kib(i) for i in range(prob.n)) * 1024
         models.append(ModelStreamPlan(m["name"], version, info.split_sha256, "measured", tuple(segments), overlap,
-                                      preload_peak, source))
+                                      preload_peak, source, read_mb_s))
     result = FlashMemPlan(name, dc.name, budget, tuple(models))
     out = out_dir / "plans" / "flashmem.json"
     result.save(out)

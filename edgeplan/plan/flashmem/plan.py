@@ -209,6 +209,7 @@ class StreamSegment:
     built_bytes: int = 0
     arena_bytes: int = 0
     live_bytes: int = 0
+    build_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,7 @@ class ModelStreamPlan:
     # what plan.resident_bytes counts for each segment: "segments" (what the cut segments hold, measured once
     # built, and the activations kept between them) or "layers" (the profile's per-layer figures)
     footprint: str = "layers"
+    read_mb_s: float = 0.0  # the runtime's readers, cold, measured with the segments ("segments" footprint only)
 
 
 @dataclass(frozen=True)
