@@ -137,26 +137,32 @@ def test_a_failed_measurement_says_what_failed(tmp_path):
 
 
 def test_expected_leaves_out_the_loads_a_short_segment_cannot_cover():
-    """Three one-layer segments; the loads beside the middle one (layer 2's weight read, 2 MiB, and built) take
-    longer than its invoke: the share beyond it is left out while it runs, and nothing else changes."""
+    """Three one-layer segments (10, 4 and 1 ms alone); layer 2's weight (2 MiB) is read and built at position 1.
+    Played out: position 1 is reached at 10 ms, the read takes 2 MiB at the rate, the 2-ms build follows; what
+    is not done when segment 1's invoke ends (14 ms) is left out of its layer, and nothing else changes."""
     mib = 2**20
     layers = (Layer("a", 0, 10.0, "reusable", 0, 0.0, arena_bytes=0),
               Layer("b", 0, 4.0, "reusable", 0, 0.0, arena_bytes=0),
               Layer("c", 2 * mib, 1.0, "reusable", 0, 0.0, build_ms=2.0, built_bytes=mib))
     problem = Problem(layers, chunk_bytes=mib, m_peak=64 * mib, window=3, lookback=2)
-    plan = lcopg.plan(problem)
     runs = [(0, 0), (1, 1), (2, 2)]
     w = WeightPlan(2, "c", 2 * mib, 2, False, (Load(1, 2),), 1)
-    plan = shifted(problem, replace(plan, weights=(w,)), runs)
+    plan = shifted(problem, replace(lcopg.plan(problem), weights=(w,)), runs)
     assert [b // mib for b in plan.resident_bytes] == [0, 3, 3]  # the ledger: read and built beside layer 1
     fps = [Footprint(0, 0, 0, 0.0), Footprint(0, 0, 0, 0.0), Footprint(mib, 0, 0, 2.0)]
-    # 2 MiB at 1,000 MB/s: 2.1 ms, then a 2 ms build: 4.1 ms of loads beside a 4 ms invoke
-    fast = expected(problem, plan, runs, fps, 1000.0)
-    late = (1 - 4.0 / (2 * mib / 1e6 + 2.0)) * 3 * 1024
-    assert fast.resident_bytes[1] == plan.resident_bytes[1] - round(late) * KIB
-    assert fast.resident_bytes[0] == plan.resident_bytes[0] and fast.resident_bytes[2] == plan.resident_bytes[2]
+
+    def left_out(rate: float) -> float:  # KiB not done at 14 ms: the read over [10, r], the build over [r, r + 2]
+        r = 10.0 + 2 * mib / (rate * 1e3)
+        read = min(1.0, max(0.0, (r - 14.0) / (r - 10.0)))
+        build = min(1.0, max(0.0, (r + 2.0 - 14.0) / 2.0))
+        return read * 2048 + build * 1024
+
+    for rate in (1000.0, 300.0, 10.0):
+        got = expected(problem, plan, runs, fps, rate)
+        assert got.resident_bytes[1] == plan.resident_bytes[1] - round(left_out(rate)) * KIB
+        assert got.resident_bytes[0] == plan.resident_bytes[0] and got.resident_bytes[2] == plan.resident_bytes[2]
+        assert got.weights == plan.weights
+    assert 0 < left_out(1000.0) < 1024 < left_out(300.0) < left_out(10.0) < 3072  # part built, part read, barely
     assert expected(problem, plan, runs, fps, 10_000.0).resident_bytes == plan.resident_bytes  # done in time
-    slow = expected(problem, plan, runs, fps, 10.0)  # 210 ms of reading: almost nothing while layer 1 runs
-    assert slow.resident_bytes[1] < 0.05 * plan.resident_bytes[1] and slow.weights == plan.weights
     with pytest.raises(ValueError, match="read rate"):
         expected(problem, plan, runs, fps, 0.0)

@@ -88,39 +88,63 @@ def measured(problem: Problem, runs: list[tuple[int, int]], footprints: list[Foo
 
 def expected(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]], footprints: list[Footprint],
              read_mb_s: float) -> OverlapPlan:
-    """``plan`` (``shifted`` over ``runs``) with the residency the runtime meets where a segment's invoke is
-    shorter than the loads planned beside it. The runtime drops a segment as soon as it has run, and the loads
-    planned at its position go on after: the ledger holds them all beside the segment, the runtime holds only
-    the share done by then. Per segment, the loads at its position take the reads' bytes at ``read_mb_s`` (the
-    runtime's readers, cold, measured) and the builds' measured ms, one after the other; its invoke, its layers'
-    times alone. The share of those loads beyond the invoke (their read bytes and built bytes) is left out of
-    what the segment's layers hold; the stall before the next segment holds it all, and the ledger counts that
-    there already. ResNet50V2 streamed: its 1-ms segment 15 has a 6.3 MiB segment read and built beside it; the
-    ledger's 15.6 MiB there, measured 3.2-3.6 during the invoke and 13.4-13.8 in the stall after."""
+    """``plan`` (``shifted`` over ``runs``) with the residency the runtime meets when its loads run late. The
+    ledger holds every load planned at a segment's position beside the segment; the runtime drops the segment as
+    soon as it has run, whatever its loaders have done by then. So the request is played out in time as
+    ``runtime.stream`` carries it out: the compute thread reaches position k when segment k-1 has run and invokes
+    segment k once it is built (its layers' times alone); the readers take the planned pieces in order, each
+    from its position on, at ``read_mb_s`` (the runtime's readers, cold, measured); the builder builds each
+    streamed segment, in turn, once its bytes are in and its build position is reached (its measured ms).
+    While segment k runs, what a load has not done by the end of its invoke (a piece's bytes not read, a
+    segment's build not finished, in proportion) is left out of k's layers. Preloaded segments stay resident
+    from the start, as in the ledger. ResNet50V2 streamed, its 1-ms segment 15 with a 6.3 MiB segment loaded
+    beside it: the ledger's 15.6 MiB there, measured 3.2-3.6 during the invoke."""
     if read_mb_s <= 0:
         raise ValueError(f"a read rate of {read_mb_s} MB/s")
     seg = {layer: k for k, (a, b) in enumerate(runs) for layer in range(a, b + 1)}
-    read_kib, built_kib, build_ms = [0] * len(runs), [0] * len(runs), [0.0] * len(runs)
-    built_where: dict[int, int] = {}  # segment -> the position its build is planned at
+    n = len(runs)
+    pieces: dict[int, dict[int, int]] = {}  # position -> segment -> KiB read there
+    built_kib, build_at = [0] * n, [None] * n
     for w in plan.weights:
         if w.preload:
             continue
+        j = seg[w.layer]
         for load in w.loads:
-            read_kib[seg[load.layer]] += load.chunks * problem.chunk_kib(w.layer)
+            at = pieces.setdefault(seg[load.layer], {})
+            at[j] = at.get(j, 0) + load.chunks * problem.chunk_kib(w.layer)
         if w.build_layer is not None:
-            at = seg[w.build_layer]
-            built_kib[at] += problem.packed_kib(w.layer)
-            built_where[seg[w.layer]] = at
-    for k, at in built_where.items():
-        build_ms[at] += footprints[k].build_ms
-    mem = [b // KIB for b in plan.resident_bytes]
+            built_kib[j] += problem.packed_kib(w.layer)
+            build_at[j] = seg[w.build_layer]
+    reads: list[tuple[int, int, float, float]] = []  # (position, segment, start ms, end ms), KiB below
+    read_kib: list[int] = []
+    read_done: dict[int, float] = {}
+    builds: dict[int, tuple[float, float]] = {}
+    reached, end = [0.0] * n, [0.0] * n
+    disk = builder = 0.0
     for k, (a, b) in enumerate(runs):
-        loads_ms = read_kib[k] * KIB / (read_mb_s * 1e3) + build_ms[k]
-        invoke_ms = sum(problem.layers[layer].invoke_ms for layer in range(a, b + 1))
-        if loads_ms > invoke_ms:
-            late = round((1 - invoke_ms / loads_ms) * (read_kib[k] + built_kib[k]))
-            for layer in range(a, b + 1):
-                mem[layer] -= late
+        reached[k] = end[k - 1] if k else 0.0
+        for j, kib in sorted(pieces.get(k, {}).items()):
+            start = max(disk, reached[k])
+            disk = start + kib * KIB / (read_mb_s * 1e3)
+            reads.append((k, j, start, disk))
+            read_kib.append(kib)
+            read_done[j] = disk
+        ready = 0.0
+        if build_at[k] is not None:
+            start = max(builder, read_done.get(k, 0.0), reached[build_at[k]])
+            builder = ready = start + footprints[k].build_ms
+            builds[k] = (start, builder)
+        end[k] = max(reached[k], ready) + sum(problem.layers[layer].invoke_ms for layer in range(a, b + 1))
+
+    def undone(t: float, start: float, stop: float) -> float:
+        return 1.0 if t <= start else 0.0 if t >= stop else (stop - t) / (stop - start)
+
+    mem = [m // KIB for m in plan.resident_bytes]
+    for k, (a, b) in enumerate(runs):
+        late = sum(undone(end[k], s0, s1) * kib for (p, j, s0, s1), kib in zip(reads, read_kib) if p <= k < j)
+        late += sum(undone(end[k], *builds[j]) * built_kib[j] for j in builds if build_at[j] <= k < j)
+        for layer in range(a, b + 1):
+            mem[layer] -= round(late)
     return replace(plan, resident_bytes=tuple(m * KIB for m in mem))
 
 
