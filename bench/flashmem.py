@@ -125,7 +125,7 @@ def ledger_peak(d: Path, settings: dict, mp) -> int:
     from edgeplan.plan.flashmem.merge import Footprint, measured, shifted
 
     runs = [(s.first_layer, s.last_layer) for s in mp.segments]
-    fps = [Footprint(s.built_bytes, s.arena_bytes, s.live_bytes, s.build_ms) for s in mp.segments]
+    fps = [Footprint(s.built_bytes, s.arena_bytes, s.live_bytes, s.build_ms, s.invoke_ms) for s in mp.segments]
     return shifted(measured(problem_of(d, settings, mp.plan.m_peak), runs, fps), mp.plan, runs).peak_resident_bytes
 
 

@@ -1,5 +1,6 @@
 """What each streaming segment holds once built, measured on this host: the resident set its build adds
-(packed weights, XNNPACK's buffers, the interpreter), its arena's span and its build time; and how fast the
+(packed weights, XNNPACK's buffers, the interpreter), its arena's span, its build time and its first invoke's
+(on zeros); and how fast the
 runtime's readers read the segments cold (``Streamer.read_only``, page cache dropped first), for when the
 loads planned beside a short invoke land (``merge.expected``).
 
@@ -14,7 +15,7 @@ streaming runtime sets it, a first interpreter built before any is measured, eve
 The device class's load capacity was measured on this host too (``plan_flashmem`` refuses a class without it).
 
 ``python -m edgeplan.profile.footprint``: segment paths as a JSON list on stdin, ``{"segments": [[built,
-arena, build ms], ...], "read_mb_s": rate}`` on stdout.
+arena, build ms, first invoke ms], ...], "read_mb_s": rate}`` on stdout.
 """
 from __future__ import annotations
 
@@ -31,9 +32,10 @@ TIMEOUT_S = 600
 
 @dataclass(frozen=True)
 class Held:
-    """What ``measure`` found: per segment (built bytes, arena bytes, build ms), and the cold read rate."""
+    """What ``measure`` found: per segment (built bytes, arena bytes, build ms, first invoke ms), and the cold
+    read rate."""
 
-    segments: list[tuple[int, int, float]]
+    segments: list[tuple[int, int, float, float]]
     read_mb_s: float
 
 
@@ -52,7 +54,7 @@ def measure(paths: list[Path]) -> Held:
         raise ProfileError(f"measuring the built segments failed (exit {res.returncode}): {tail}")
     try:
         out = json.loads(res.stdout.strip().splitlines()[-1])
-        held = Held([(int(built), int(arena), float(ms)) for built, arena, ms in out["segments"]],
+        held = Held([(int(built), int(arena), float(ms), float(run)) for built, arena, ms, run in out["segments"]],
                     float(out["read_mb_s"]))
     except (ValueError, TypeError, IndexError, KeyError, AttributeError):
         raise ProfileError("measuring the built segments: the measuring process answered no list of segments "
@@ -76,7 +78,7 @@ def _measure_here(paths: list[str]) -> dict:
     kept, out = [build_kept(blobs[0])[0]], []  # first: the one-time costs of a first build
     for blob in blobs:
         it, ms, added = build_kept(blob)
-        out.append((added, arena_bytes(it), round(ms, 3)))
+        out.append((added, arena_bytes(it), round(ms, 3), round(_first_invoke_ms(it), 3)))
         kept.append(it)
     segs = [stream.Segment(Path(p), hashlib.sha256(b).hexdigest(), len(b), "", k, k)
             for k, (p, b) in enumerate(zip(paths, blobs))]
@@ -85,6 +87,21 @@ def _measure_here(paths: list[str]) -> dict:
     drop_cache([s.path for s in segs])
     seconds = readers.read_only()
     return {"segments": out, "read_mb_s": sum(s.size for s in segs) / 1e6 / seconds}
+
+
+def _first_invoke_ms(it) -> float:
+    """The first invoke of a freshly built interpreter, on zeros (what a streamed request's invoke is: its arena's
+    pages are first touched then; ResNet50V2's layers alone, back to back, sum to 12 ms, its streamed invokes to
+    20-23)."""
+    import time
+
+    import numpy as np
+
+    for d in it.get_input_details():
+        it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
+    t = time.perf_counter()
+    it.invoke()
+    return (time.perf_counter() - t) * 1e3
 
 
 if __name__ == "__main__":

@@ -73,9 +73,9 @@ def test_the_prediction_counts_what_each_cut_segment_holds(planned):
     # reads and builds with what the segments hold (which may exceed M_peak: it is a prediction, not the budget)
     assert shifted(prob, m.plan, runs).weights == m.plan.weights
     assert shifted(prob, m.plan, runs).peak_resident_bytes <= plan.m_peak
-    fps = [Footprint(s.built_bytes, s.arena_bytes, s.live_bytes, s.build_ms) for s in m.segments]
+    fps = [Footprint(s.built_bytes, s.arena_bytes, s.live_bytes, s.build_ms, s.invoke_ms) for s in m.segments]
     prices = measured(prob, runs, fps)
-    assert m.read_mb_s > 0 and all(s.build_ms > 0 for s in m.segments)
+    assert m.read_mb_s > 0 and all(s.build_ms > 0 and s.invoke_ms > 0 for s in m.segments)
     assert expected(prices, shifted(prices, m.plan, runs), runs, fps, m.read_mb_s).resident_bytes == \
         m.plan.resident_bytes
     for seg in m.segments:

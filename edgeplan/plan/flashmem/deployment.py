@@ -104,9 +104,9 @@ def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None
             log.warning("%s: predicted residency from its layers' figures: %s", m["name"], e)
             source, read_mb_s = "layers", 0.0
         else:
-            segments = [replace(s, built_bytes=built, arena_bytes=arena, live_bytes=n, build_ms=ms)
-                        for s, (built, arena, ms), n in zip(segments, held.segments, live, strict=True)]
-            fps = [Footprint(s.built_bytes, s.arena_bytes, s.live_bytes, s.build_ms) for s in segments]
+            segments = [replace(s, built_bytes=built, arena_bytes=arena, live_bytes=n, build_ms=ms, invoke_ms=run)
+                        for s, (built, arena, ms, run), n in zip(segments, held.segments, live, strict=True)]
+            fps = [Footprint(s.built_bytes, s.arena_bytes, s.live_bytes, s.build_ms, s.invoke_ms) for s in segments]
             prices, read_mb_s = measured(prob, runs, fps), round(held.read_mb_s, 1)
             overlap, source = expected(prices, shifted(prices, solved, runs), runs, fps, read_mb_s), "segments"
         preload_peak = sum(prob.full_kib(i) for i in range(prob.n)) * 1024

@@ -67,6 +67,7 @@ class Footprint:
     arena_bytes: int
     live_bytes: int
     build_ms: float = 0.0
+    invoke_ms: float = 0.0  # its first invoke once built (0: unmeasured; its layers' times alone stand in)
 
 
 def measured(problem: Problem, runs: list[tuple[int, int]], footprints: list[Footprint]) -> Problem:
@@ -92,11 +93,14 @@ def expected(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]], f
     ledger holds every load planned at a segment's position beside the segment; the runtime drops the segment as
     soon as it has run, whatever its loaders have done by then. So the request is played out in time as
     ``runtime.stream`` carries it out: the compute thread reaches position k when segment k-1 has run and invokes
-    segment k once it is built (its layers' times alone); the readers take the planned pieces in order, each
+    segment k once it is built (its measured first invoke: a fresh interpreter's pages are touched then; its
+    layers' times alone, warm, when unmeasured — ResNet50V2's sum to 12 ms, its streamed invokes to 20-23); the
+    readers take the planned pieces in order, each
     from its position on, at ``read_mb_s`` (the runtime's readers, cold, measured); the builder builds each
-    streamed segment, in turn, once its bytes are in and its build position is reached (its measured ms).
-    While segment k runs, what a load has not done by the end of its invoke (a piece's bytes not read, a
-    segment's build not finished, in proportion) is left out of k's layers. Preloaded segments stay resident
+    streamed segment, in turn, once its bytes are in and its build position is reached (its measured ms), and
+    a build holds the GIL, so a segment whose invoke ends during one is dropped when the build ends. What a load
+    has not done when segment k is dropped (a piece's bytes not read, a segment's build not finished, in
+    proportion) is left out of k's layers. Preloaded segments stay resident
     from the start, as in the ledger. ResNet50V2 streamed, its 1-ms segment 15 with a 6.3 MiB segment loaded
     beside it: the ledger's 15.6 MiB there, measured 3.2-3.6 during the invoke."""
     if read_mb_s <= 0:
@@ -119,30 +123,33 @@ def expected(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]], f
     read_kib: list[int] = []
     read_done: dict[int, float] = {}
     builds: dict[int, tuple[float, float]] = {}
-    reached, end = [0.0] * n, [0.0] * n
+    drop = [0.0] * n
     disk = builder = 0.0
     for k, (a, b) in enumerate(runs):
-        reached[k] = end[k - 1] if k else 0.0
+        reached = drop[k - 1] if k else 0.0
         for j, kib in sorted(pieces.get(k, {}).items()):
-            start = max(disk, reached[k])
+            start = max(disk, reached)
             disk = start + kib * KIB / (read_mb_s * 1e3)
             reads.append((k, j, start, disk))
             read_kib.append(kib)
             read_done[j] = disk
-        ready = 0.0
-        if build_at[k] is not None:
-            start = max(builder, read_done.get(k, 0.0), reached[build_at[k]])
-            builder = ready = start + footprints[k].build_ms
-            builds[k] = (start, builder)
-        end[k] = max(reached[k], ready) + sum(problem.layers[layer].invoke_ms for layer in range(a, b + 1))
+        for j in (j for j in range(k + 1, n) if build_at[j] == k):
+            start = max(builder, read_done.get(j, 0.0), reached)
+            builder = start + footprints[j].build_ms
+            builds[j] = (start, builder)
+        ready = builds[k][1] if k in builds else 0.0
+        end = max(reached, ready) + (footprints[k].invoke_ms or
+                                     sum(problem.layers[layer].invoke_ms for layer in range(a, b + 1)))
+        # a build holds the GIL: the compute thread, its invoke done, drops the segment once the build ends
+        drop[k] = max([end, *(stop for start, stop in builds.values() if start < end < stop)])
 
     def undone(t: float, start: float, stop: float) -> float:
         return 1.0 if t <= start else 0.0 if t >= stop else (stop - t) / (stop - start)
 
     mem = [m // KIB for m in plan.resident_bytes]
     for k, (a, b) in enumerate(runs):
-        late = sum(undone(end[k], s0, s1) * kib for (p, j, s0, s1), kib in zip(reads, read_kib) if p <= k < j)
-        late += sum(undone(end[k], *builds[j]) * built_kib[j] for j in builds if build_at[j] <= k < j)
+        late = sum(undone(drop[k], s0, s1) * kib for (p, j, s0, s1), kib in zip(reads, read_kib) if p <= k < j)
+        late += sum(undone(drop[k], *builds[j]) * built_kib[j] for j in builds if build_at[j] <= k < j)
         for layer in range(a, b + 1):
             mem[layer] -= round(late)
     return replace(plan, resident_bytes=tuple(m * KIB for m in mem))

@@ -210,6 +210,7 @@ class StreamSegment:
     arena_bytes: int = 0
     live_bytes: int = 0
     build_ms: float = 0.0
+    invoke_ms: float = 0.0  # its first invoke once built, measured with the rest
 
 
 @dataclass(frozen=True)
