@@ -1,8 +1,7 @@
 """What each streaming segment holds once built, measured on this host: the resident set its build adds
 (packed weights, XNNPACK's buffers, the interpreter), its arena's span, its build time and its first invoke's
-(on zeros); and how fast the
-runtime's readers read the segments cold (``Streamer.read_only``, page cache dropped first), for when the
-loads planned beside a short invoke land (``merge.expected``).
+(on zeros); and how fast the runtime's readers read the segments cold (``Streamer.read_only``, page cache
+dropped first), for when the loads planned beside a short invoke land (``merge.expected``).
 
 The FlashMem planner merges layers into segments after the load-capacity profile measured them one by one, and
 a merged segment holds far less than its layers did apart — one interpreter, buffers shared: DenseNet201's

@@ -95,14 +95,13 @@ def expected(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]], f
     ``runtime.stream`` carries it out: the compute thread reaches position k when segment k-1 has run and invokes
     segment k once it is built (its measured first invoke: a fresh interpreter's pages are touched then; its
     layers' times alone, warm, when unmeasured — ResNet50V2's sum to 12 ms, its streamed invokes to 20-23); the
-    readers take the planned pieces in order, each
-    from its position on, at ``read_mb_s`` (the runtime's readers, cold, measured); the builder builds each
-    streamed segment, in turn, once its bytes are in and its build position is reached (its measured ms), and
-    a build holds the GIL, so a segment whose invoke ends during one is dropped when the build ends. What a load
-    has not done when segment k is dropped (a piece's bytes not read, a segment's build not finished, in
-    proportion) is left out of k's layers. Preloaded segments stay resident
-    from the start, as in the ledger. ResNet50V2 streamed, its 1-ms segment 15 with a 6.3 MiB segment loaded
-    beside it: the ledger's 15.6 MiB there, measured 3.2-3.6 during the invoke."""
+    readers take the planned pieces in order, each from its position on, at ``read_mb_s`` (the runtime's
+    readers, cold, measured); the builder builds each streamed segment, in turn, once its bytes are in and its
+    build position is reached (its measured ms), and a build holds the GIL, so a segment whose invoke ends during
+    one is dropped when the build ends. What a load has not done when segment k is dropped (a piece's bytes not
+    read, a segment's build not finished, in proportion) is left out of k's layers. Preloaded segments stay
+    resident from the start, as in the ledger. ResNet50V2 streamed, its 1-ms segment 15 with a 6.3 MiB segment
+    loaded beside it: the ledger's 15.6 MiB there, measured 3.2-3.6 during the invoke."""
     if read_mb_s <= 0:
         raise ValueError(f"a read rate of {read_mb_s} MB/s")
     seg = {layer: k for k, (a, b) in enumerate(runs) for layer in range(a, b + 1)}
