@@ -122,11 +122,11 @@ def problem_of(d: Path, settings: dict, m_peak: int):
 def ledger_peak(d: Path, settings: dict, mp) -> int:
     """The recorded plan's peak priced by the ledger alone (``merge.shifted`` over what the segments hold), without
     ``merge.expected``'s timing: what the prediction was before it."""
-    from edgeplan.plan.flashmem.merge import Footprint, measured, shifted
+    from edgeplan.plan.flashmem.merge import footprints_of, measured, shifted
 
     runs = [(s.first_layer, s.last_layer) for s in mp.segments]
-    fps = [Footprint(s.built_bytes, s.arena_bytes, s.live_bytes, s.build_ms, s.invoke_ms) for s in mp.segments]
-    return shifted(measured(problem_of(d, settings, mp.plan.m_peak), runs, fps), mp.plan, runs).peak_resident_bytes
+    prices = measured(problem_of(d, settings, mp.plan.m_peak), runs, footprints_of(mp.segments))
+    return shifted(prices, mp.plan, runs).peak_resident_bytes
 
 
 def budget(d: Path, settings: dict, share: float) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """What each streaming segment holds once built, measured on this host: the resident set its build adds
-(packed weights, XNNPACK's buffers, the interpreter), its arena's span, its build time and its first invoke's
-(on zeros); and how fast the runtime's readers read the segments cold (``Streamer.read_only``, page cache
+(packed weights, XNNPACK's buffers, the interpreter), its arena's span, its build time and its first invoke's;
+and how fast the runtime's readers read the segments cold (``Streamer.read_only``, page cache
 dropped first), for when the loads planned beside a short invoke land (``merge.expected``).
 
 The FlashMem planner merges layers into segments after the load-capacity profile measured them one by one, and
@@ -89,15 +89,16 @@ def _measure_here(paths: list[str]) -> dict:
 
 
 def _first_invoke_ms(it) -> float:
-    """The first invoke of a freshly built interpreter, on zeros (what a streamed request's invoke is: its arena's
-    pages are first touched then; ResNet50V2's layers alone, back to back, sum to 12 ms, its streamed invokes to
-    20-23)."""
+    """The first invoke of a freshly built interpreter, on seeded random inputs as the load-capacity profiler
+    times layers (what a streamed request's invoke is: its arena's pages are first touched then; ResNet50V2's
+    layers alone, back to back, sum to 12 ms, its streamed invokes to 20-23)."""
     import time
 
     import numpy as np
 
-    for d in it.get_input_details():
-        it.set_tensor(d["index"], np.zeros(d["shape"], d["dtype"]))
+    from edgeplan.profile.cpu import random_inputs
+
+    random_inputs(it, np.random.default_rng(0))
     t = time.perf_counter()
     it.invoke()
     return (time.perf_counter() - t) * 1e3

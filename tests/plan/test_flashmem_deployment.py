@@ -15,7 +15,7 @@ from edgeplan.errors import ArtifactError, MemoryBudgetError
 from edgeplan.pipeline import params as params_mod
 from edgeplan.pipeline import stages
 from edgeplan.plan.flashmem.deployment import plan_flashmem, problem
-from edgeplan.plan.flashmem.merge import Footprint, expected, measured, shifted
+from edgeplan.plan.flashmem.merge import expected, footprints_of, measured, shifted
 from edgeplan.plan.flashmem.plan import FlashMemPlan
 from edgeplan.profile import cpu, fleet, run
 from edgeplan.profile.schema import Profile
@@ -73,7 +73,7 @@ def test_the_prediction_counts_what_each_cut_segment_holds(planned):
     # reads and builds with what the segments hold (which may exceed M_peak: it is a prediction, not the budget)
     assert shifted(prob, m.plan, runs).weights == m.plan.weights
     assert shifted(prob, m.plan, runs).peak_resident_bytes <= plan.m_peak
-    fps = [Footprint(s.built_bytes, s.arena_bytes, s.live_bytes, s.build_ms, s.invoke_ms) for s in m.segments]
+    fps = footprints_of(m.segments)
     prices = measured(prob, runs, fps)
     assert m.read_mb_s > 0 and all(s.build_ms > 0 and s.invoke_ms > 0 for s in m.segments)
     assert expected(prices, shifted(prices, m.plan, runs), runs, fps, m.read_mb_s).resident_bytes == \

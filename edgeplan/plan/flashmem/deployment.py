@@ -26,7 +26,7 @@ from edgeplan.artifacts import StreamInfo, write_bytes_atomic
 from edgeplan.errors import ArtifactError, PlanError, ProfileError
 from edgeplan.pipeline.planning import deployment, resolve_version
 from edgeplan.plan.flashmem import lcopg
-from edgeplan.plan.flashmem.merge import Footprint, expected, measured, merge, shifted
+from edgeplan.plan.flashmem.merge import expected, footprints_of, measured, merge, shifted
 from edgeplan.plan.flashmem.plan import (
     FlashMemPlan,
     ModelStreamPlan,
@@ -106,7 +106,7 @@ def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None
         else:
             segments = [replace(s, built_bytes=built, arena_bytes=arena, live_bytes=n, build_ms=ms, invoke_ms=run)
                         for s, (built, arena, ms, run), n in zip(segments, held.segments, live, strict=True)]
-            fps = [Footprint(s.built_bytes, s.arena_bytes, s.live_bytes, s.build_ms, s.invoke_ms) for s in segments]
+            fps = footprints_of(segments)
             prices, read_mb_s = measured(prob, runs, fps), round(held.read_mb_s, 1)
             overlap, source = expected(prices, shifted(prices, solved, runs), runs, fps, read_mb_s), "segments"
         preload_peak = sum(prob.full_kib(i) for i in range(prob.n)) * 1024

@@ -70,6 +70,11 @@ class Footprint:
     invoke_ms: float = 0.0  # its first invoke once built (0: unmeasured; its layers' times alone stand in)
 
 
+def footprints_of(segments) -> list[Footprint]:
+    """What each recorded segment (``plan.StreamSegment``) holds, as measured when it was cut."""
+    return [Footprint(s.built_bytes, s.arena_bytes, s.live_bytes, s.build_ms, s.invoke_ms) for s in segments]
+
+
 def measured(problem: Problem, runs: list[tuple[int, int]], footprints: list[Footprint]) -> Problem:
     """``problem`` with each run's layers carrying its segment's footprint, for ``shifted``: the built bytes spread
     over the run's weighted layers in proportion to their own (a run's weights are built together and all stay
@@ -118,6 +123,10 @@ def expected(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]], f
         if w.build_layer is not None:
             built_kib[j] += problem.packed_kib(w.layer)
             build_at[j] = seg[w.build_layer]
+    due: dict[int, list[int]] = {}  # position -> the segments whose builds are planned there, in order
+    for j, at in enumerate(build_at):
+        if at is not None:
+            due.setdefault(at, []).append(j)
     reads: list[tuple[int, int, float, float]] = []  # (position, segment, start ms, end ms), KiB below
     read_kib: list[int] = []
     read_done: dict[int, float] = {}
@@ -132,7 +141,7 @@ def expected(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]], f
             reads.append((k, j, start, disk))
             read_kib.append(kib)
             read_done[j] = disk
-        for j in (j for j in range(k + 1, n) if build_at[j] == k):
+        for j in due.get(k, ()):
             start = max(builder, read_done.get(j, 0.0), reached)
             builder = start + footprints[j].build_ms
             builds[j] = (start, builder)
