@@ -93,7 +93,7 @@ def test_the_base_is_a_sum_of_unit_costs():
     (every count doubled) at twice the time, past anything it was fitted on."""
     rng = np.random.default_rng(3)
     costs = np.zeros(len(BASE))
-    costs[[0, 4, len(BASE) - 1]] = [2e-8, 5e-9, 0.05]  # 1x1 MACs, FC MACs, a constant
+    costs[[BASE.index("macs_1x1"), BASE.index("macs_fc"), BASE.index("constant")]] = [2e-8, 5e-9, 0.05]
     rows = rng.uniform(0, 1e8, (40, len(BASE)))
     rows[:, -1] = 1.0
     theta = np.array(fit_base(rows.tolist(), (rows @ costs).tolist()))
@@ -122,4 +122,16 @@ def test_a_predictor_file_without_its_base_is_refused(trained, tmp_path):
         data["base"] = bad
         (tmp_path / "bad.json").write_text(json.dumps(data))
         with pytest.raises(ProfileError, match="base .* is missing or malformed"):
+            Predictor.load(tmp_path / "bad.json")
+
+
+def test_a_predictor_file_without_its_boosters_is_refused(trained, tmp_path):
+    _, model = trained
+    assert len(model.boosters) == 5 and model.params["members"] == 5
+    model.save(tmp_path / "p.json")
+    data = json.loads((tmp_path / "p.json").read_text())
+    for bad in (None, [], ["x"]):
+        data["boosters"] = bad
+        (tmp_path / "bad.json").write_text(json.dumps(data))
+        with pytest.raises(ProfileError, match="boosters are missing or malformed"):
             Predictor.load(tmp_path / "bad.json")
