@@ -411,11 +411,12 @@ def capacity_mape(dirs: dict[str, Path]) -> dict:
                 measured.append(layer.alone_ms * (1 + layer.slowdown(k)))
                 predicted.append(layer.alone_ms * (1 + s))
         chunk = 64 * 1024
-        same = [a == b for a, b in zip(capacities(run, chunk), capacities(run, chunk, pred))]
+        measured_c = capacities(run, chunk)
+        same = [a == b for a, b in zip(measured_c, capacities(run, chunk, pred))]
         # the baseline a model must beat: every layer as fast beside a load as alone (C_l then as loose as allowed)
         alone = [layer.alone_ms for layer in run.layers for _ in pred[0]]
         none = [[0.0] * len(pred[0]) for _ in run.layers]
-        same_none = [a == b for a, b in zip(capacities(run, chunk), capacities(run, chunk, none))]
+        same_none = [a == b for a, b in zip(measured_c, capacities(run, chunk, none))]
         folds[held] = {"mape": round(mape(predicted, measured), 4), "layers": len(run.layers),
                        "c_l_same_fraction": round(sum(same) / len(same), 3),
                        "mape_no_slowdown": round(mape(alone, measured), 4),

@@ -154,6 +154,8 @@ class Predictor:
 
         if len(data) < 8:
             raise ProfileError(f"training the latency predictor needs at least 8 measured timings, got {len(data)}")
+        if members < 1:
+            raise ProfileError(f"the latency predictor needs at least one booster, got members={members}")
         if any(e.probe_ms is None for e in data) and any(e.probe_ms is not None for e in data):
             raise ProfileError("some training profiles have a speed probe and some do not; re-profile the old ones")
         base = {str(n): fit_base([additive(e.features) for e in data if e.threads == n],
@@ -166,8 +168,6 @@ class Predictor:
         params = {"objective": "reg:squarederror", "eta": 0.05, "max_depth": 3, "subsample": 0.8,
                   "colsample_bytree": 0.5, "min_child_weight": 5, "lambda": 1.0, "seed": seed, "nthread": 1,
                   **overrides}
-        if members < 1:
-            raise ProfileError(f"the latency predictor needs at least one booster, got members={members}")
         matrix = xgb.DMatrix(x, label=y, feature_names=FEATURES)
         boosters = [xgb.train({**params, "seed": seed + k}, matrix, num_boost_round=rounds) for k in range(members)]
         return cls(boosters, sorted({e.model for e in data}), {**params, "rounds": rounds, "members": members},
@@ -213,9 +213,13 @@ class Predictor:
         if not isinstance(raw, list) or not raw or not all(isinstance(b, dict) for b in raw):
             raise ProfileError(f"{path}: its boosters are missing or malformed; retrain it")
         boosters = []
-        for b in raw:
-            boosters.append(xgb.Booster())
-            boosters[-1].load_model(bytearray(json.dumps(b).encode()))
+        for k, b in enumerate(raw):
+            booster = xgb.Booster()
+            try:
+                booster.load_model(bytearray(json.dumps(b).encode()))
+            except xgb.core.XGBoostError:
+                raise ProfileError(f"{path}: its booster {k} is not an XGBoost model; retrain it") from None
+            boosters.append(booster)
         base = data.get("base")
         if not isinstance(base, dict) or not base or any(
                 not str(n).isdigit() or not isinstance(v, list) or len(v) != len(BASE)

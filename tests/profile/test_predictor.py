@@ -135,3 +135,8 @@ def test_a_predictor_file_without_its_boosters_is_refused(trained, tmp_path):
         (tmp_path / "bad.json").write_text(json.dumps(data))
         with pytest.raises(ProfileError, match="boosters are missing or malformed"):
             Predictor.load(tmp_path / "bad.json")
+    data["boosters"] = [{"learner": "nonsense"}]
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match=r"its booster 0 is not an XGBoost model; retrain it"):
+        Predictor.load(tmp_path / "bad.json")
+    assert (tmp_path / "p.json").is_file() and Predictor.load(tmp_path / "p.json").boosters  # the good file still loads
