@@ -16,7 +16,8 @@ from edgeplan.quantize.tflite_graph import TfliteGraph, itemsize
 # EfficientNetB1 left out 169 %; apart (and with the predictor's additive base), 6 % and 14 % (bench/profiling.py,
 # 2026-11-28). AVERAGE_POOL_2D apart from MAX_POOL_2D: timed layer by layer, InceptionV3's layers holding a 3x3
 # stride-1 average pool ran 1.06-1.14x faster on 2 threads than on 1 (the int8 average pool does not parallelise
-# here), its other layers 1.6-1.8x; its window's reads are a feature of their own (``avgpool_window``).
+# here), its other layers 1.6-1.8x; its output elements (what it costs by) and window reads are features of their
+# own (``avgpool_outputs``, ``avgpool_window``).
 FAMILIES = {
     "CONV_2D": "conv", "DEPTHWISE_CONV_2D": "dwconv", "FULLY_CONNECTED": "fc", "TRANSPOSE_CONV": "conv",
     "ADD": "add", "SUB": "add", "MUL": "mul", "LOGISTIC": "logistic", "HARD_SWISH": "hswish", "RELU": "relu",
@@ -96,7 +97,9 @@ def segment_features(graph: TfliteGraph) -> dict:
         act[fam] += in_bytes + out_bytes
         if op.name == "AVERAGE_POOL_2D":  # its window's reads: an averaging window of k x k costs k^2 per output
             o = op.builtin_options
-            macs["avgpool_window"] += math.prod(graph.tensors[op.outputs[0]].shape) * o.filterHeight * o.filterWidth
+            outputs = math.prod(graph.tensors[op.outputs[0]].shape)
+            macs["avgpool_window"] += outputs * o.filterHeight * o.filterWidth
+            macs["avgpool_outputs"] += outputs
         shape = _conv_shape(graph, op)
         if shape and m:
             kh, kw, cin, cout, hw = shape
@@ -114,6 +117,7 @@ def segment_features(graph: TfliteGraph) -> dict:
     for kind in CONV_KINDS:
         feats[f"macs_kind_{kind}"] = int(macs[f"kind_{kind}"])
     feats["avgpool_window"] = int(macs["avgpool_window"])
+    feats["avgpool_outputs"] = int(macs["avgpool_outputs"])
     for key in ("log2_cin", "log2_cout", "log2_hw", "log2_in_bytes", "log2_out_bytes"):
         feats[f"wavg_{key}"] = shape_sums[key] / total if total else 0.0
     for fam in FAMILY_NAMES:

@@ -2,8 +2,10 @@
 segment, a thread count and a device class -> CPU latency.
 
 Two parts. A **base**: the segment's time as a sum of costs per unit of what it asks (MACs per convolution kind and
-of the fully connected ops, activation bytes per op family, the average pools' window reads, ops, parameter
-bytes, a constant), the non-negative unit costs fitted per thread count by least squares on relative errors.
+of the fully connected ops, activation bytes per op family, the average pools' output elements, ops,
+parameter bytes, a constant), the non-negative unit costs fitted per thread count by least squares on relative errors,
+those at more threads bounded by those at the fewest (``thread_bounds``: at n threads a kernel takes between 1/n
+of and all its time).
 Additive and non-negative, it extrapolates to a new architecture as a sum of kernels it has seen priced: left out
 in turn, the 16 training architectures are predicted at a median 5-6 % (the trees alone: 14 %). One op count, not
 one per family: a family only one training network has took up that network's unexplained time (Xception's 11
@@ -11,7 +13,8 @@ RELU ops priced at ~4 ms each, NASNetMobile left out then predicted at 2.3x). Th
 seeds apart, averaged) predicts the logarithm of measured / base from scale-free features (the op mix as
 fractions of MACs, of ops and of activation bytes, the convolutions' kernel kinds and MAC-weighted channel and
 spatial sizes, bytes per MAC, the segment's size on a log scale, threads and cores): what the sum misses, shapes
-that run faster or slower per unit. Trees do not extrapolate, so they never see raw sizes as their target.
+that run faster or slower per unit. Trees do not extrapolate, so they never see raw sizes as their target, and a
+prediction takes half their correction (``TREE_WEIGHT``).
 
 Times are also expressed in units of the speed probe timed in the same rounds (``cpu.PROBE``): a shared
 machine's speed drifts by tens of percent between runs, and a prediction for a run scales with that run's
@@ -31,7 +34,13 @@ from edgeplan.errors import ProfileError
 from edgeplan.profile.features import CONV_KINDS, FAMILY_NAMES
 from edgeplan.profile.schema import CpuTiming, Profile
 
-FORMAT = "edgeplan-latency-predictor-3"
+FORMAT = "edgeplan-latency-predictor-4"
+# A prediction is the base times exp(TREE_WEIGHT x the trees' log correction): the geometric mean of the base's
+# prediction and the base-and-trees' one. Chosen by leave-one-architecture-out over the 16 training networks of
+# bench/profiling.py on five days' profiles (median error, mean over the five: weight 0: 6.2 %, 0.25: 5.7 %,
+# 0.5: 5.4 %, 0.75: 5.5 %, 1: 5.7 %). Trees do not extrapolate: on InceptionV3 the base alone was within 3-6 %
+# while the full correction moved its first layers +25 % and its last -10 %.
+TREE_WEIGHT = 0.5
 MIN_BASE = 1e-4  # probe units (~0.5 us at the reference probe): a base of 0 would make the trees' target infinite
 
 
@@ -61,27 +70,65 @@ def vector(f: dict, threads: int, cores: int) -> list[float]:
     return v
 
 
+# Families the base prices by activation bytes. The int8 average pool is priced by its outputs instead: it runs on
+# LiteRT's builtin kernel (XNNPACK takes no int8 AVERAGE_POOL_2D), one thread, at 3.1-3.5 ns per output element
+# here whatever its window (2x2 stride 2 on 28x28x256: 3.1; 3x3 stride 1 on 35x35x288 and 17x17x768: 3.4), where
+# per activation byte it costs 0.6 and 1.7 ns and per window read 0.8 and 0.4. Priced by bytes and window reads,
+# the base learned DenseNet's 2x2 pools and under-priced InceptionV3's 3x3 ones by ~40 %.
+BYTE_FAMILIES = tuple(fam for fam in FAMILY_NAMES if fam != "avgpool")
+MISSING = "predate what this edgeplan's predictor reads"
+
+
 def additive(f: dict) -> list[float]:
     """What the base prices, each summed over the segment's ops (``BASE``)."""
     return ([float(f[f"macs_kind_{kind}"]) for kind in CONV_KINDS] + [float(f["macs_fc"])]
-            + [float(f[f"act_{fam}"]) for fam in FAMILY_NAMES]
-            + [float(f["avgpool_window"]), float(f["ops"]), float(f["param_bytes"]), 1.0])
+            + [float(f[f"act_{fam}"]) for fam in BYTE_FAMILIES]
+            + [float(f["avgpool_outputs"]), float(f["ops"]), float(f["param_bytes"]), 1.0])
 
 
-BASE = ([f"macs_{kind}" for kind in CONV_KINDS] + ["macs_fc"] + [f"act_bytes_{fam}" for fam in FAMILY_NAMES]
-        + ["avgpool_window", "ops", "param_bytes", "constant"])
+BASE = ([f"macs_{kind}" for kind in CONV_KINDS] + ["macs_fc"] + [f"act_bytes_{fam}" for fam in BYTE_FAMILIES]
+        + ["avgpool_outputs", "ops", "param_bytes", "constant"])
 
 
-def fit_base(rows: list[list[float]], times: list[float]) -> list[float]:
-    """Non-negative unit costs minimising the squared relative error of their sum against ``times``."""
-    from scipy.optimize import nnls
+def fit_base(rows: list[list[float]], times: list[float],
+             bounds: tuple[list[float], list[float]] | None = None) -> list[float]:
+    """Non-negative unit costs minimising the squared relative error of their sum against ``times``; within
+    ``(low, high)`` per cost when ``bounds`` are given (a cost with low == high is fixed there)."""
+    from scipy.optimize import lsq_linear, nnls
 
     x = np.array(rows, dtype=float)
     y = np.array(times, dtype=float)
     scale = x.max(axis=0)
     scale[scale <= 0] = 1.0  # a column no training segment has: its cost stays 0
-    theta, _ = nnls(x / scale / y[:, None], np.ones(len(y)), maxiter=50 * x.shape[1])
+    a = x / scale / y[:, None]
+    if bounds is None:
+        theta, _ = nnls(a, np.ones(len(y)), maxiter=50 * x.shape[1])
+        return [float(t) for t in theta / scale]
+    low, high = (np.array(b, dtype=float) * scale for b in bounds)
+    fixed = high <= low
+    theta = low.copy()
+    if (~fixed).any():
+        free = lsq_linear(a[:, ~fixed], 1.0 - a[:, fixed] @ low[fixed], bounds=(low[~fixed], high[~fixed]))
+        theta[~fixed] = free.x
     return [float(t) for t in theta / scale]
+
+
+# Terms whose cost per unit may grow with threads (the per-op synchronisation, the weights' packing, the constant);
+# the others run at n threads between 1/n of and the same wall time as on the fewest threads trained.
+THREAD_FREE = ("ops", "param_bytes", "constant")
+
+
+def thread_bounds(ref: list[float], ref_threads: int, threads: int, probe_ratio: float) -> tuple[list, list]:
+    """Bounds on the unit costs at ``threads`` from those at ``ref_threads`` (``ref``): a kernel split over more
+    threads takes at most the time it took and at least its share (``ref_threads / threads`` of it). Costs are in
+    units of the probe timed at the same thread count, so wall-time bounds scale by ``probe_ratio`` (the probe at
+    ``ref_threads`` over the probe at ``threads``). Fitted freely per thread count instead, the 2-thread costs
+    of kernels few training networks have went anywhere: InceptionV3's 1x7 and 7x1 convolutions (only
+    InceptionResNetV2 in training has them) priced at 0 on one day's profiles, its average pools (single-threaded)
+    at 1.5x their 1-thread time on another's."""
+    low = [0.0 if name in THREAD_FREE else t * probe_ratio * ref_threads / threads for name, t in zip(BASE, ref)]
+    high = [math.inf if name in THREAD_FREE else t * probe_ratio for name, t in zip(BASE, ref)]
+    return low, high
 
 
 def base_time(base: dict, f: dict, threads: int) -> float:
@@ -118,10 +165,10 @@ def examples(profiles: list[Profile], cores: int | None = None) -> list[Example]
         for s in p.segments:
             if s.status != "ok" or not s.features:
                 continue
-            missing = [k for k in (f"ops_{fam}" for fam in FAMILY_NAMES) if k not in s.features]
+            missing = [k for k in [f"ops_{fam}" for fam in FAMILY_NAMES] + ["avgpool_outputs"] if k not in s.features]
             if missing:
-                raise ProfileError(f"{p.model}: its profile's segment features predate the op families this "
-                                   f"edgeplan tells apart (no {', '.join(missing)}); profile it again")
+                raise ProfileError(f"{p.model}: its profile's segment features {MISSING} "
+                                   f"(no {', '.join(missing)}); profile it again")
             for t in s.cpu:
                 if t.source == "measured" and t.median_ms > 0:
                     probe = p.probe_ms(t.threads)
@@ -143,34 +190,42 @@ class Predictor:
 
     @classmethod
     def train(cls, data: list[Example], rounds: int = 300, seed: int = 0, members: int = 5,
-              **overrides) -> Predictor:
+              tree_weight: float = TREE_WEIGHT, **overrides) -> Predictor:
         """Hyper-parameters chosen by leave-one-model-out cross-validation over the four training
         architectures of the profiling issue (never on the held-out ones); see bench/profiling.py. ``members``
         boosters, seeds ``seed``.. (row and column subsampling differ), averaged in log space: one booster's
         held-out error (bench/profiling.py: 16 training architectures; InceptionV3, EfficientNetB0) moved from
         0.099 to 0.121 with its seed alone (seeds 0-6, the same profiles); five, 0.108 and 0.110 over two disjoint
-        sets of seeds."""
+        sets of seeds. ``tree_weight``: how much of the trees' correction a prediction takes (``TREE_WEIGHT``)."""
         import xgboost as xgb
 
         if len(data) < 8:
             raise ProfileError(f"training the latency predictor needs at least 8 measured timings, got {len(data)}")
+        if not 0.0 <= tree_weight <= 1.0:
+            raise ProfileError(f"the latency predictor's tree_weight must be within [0, 1], got {tree_weight}")
         if members < 1:
             raise ProfileError(f"the latency predictor needs at least one booster, got members={members}")
         if any(e.probe_ms is None for e in data) and any(e.probe_ms is not None for e in data):
             raise ProfileError("some training profiles have a speed probe and some do not; re-profile the old ones")
-        base = {str(n): fit_base([additive(e.features) for e in data if e.threads == n],
-                                 [e.ms / (e.probe_ms or 1.0) for e in data if e.threads == n])
-                for n in sorted({e.threads for e in data})}
-        x = np.array([vector(e.features, e.threads, e.cores) for e in data])
-        y = np.array([math.log(e.ms / (e.probe_ms or 1.0) / base_time(base, e.features, e.threads)) for e in data])
+        counts = sorted({e.threads for e in data})
         probes = {str(n): float(np.median([e.probe_ms for e in data if e.threads == n and e.probe_ms]))
                   for n in sorted({e.threads for e in data if e.probe_ms})}
+        base = {}
+        for n in counts:
+            rows = [additive(e.features) for e in data if e.threads == n]
+            times = [e.ms / (e.probe_ms or 1.0) for e in data if e.threads == n]
+            ref = counts[0]
+            ratio = probes[str(ref)] / probes[str(n)] if probes else 1.0
+            base[str(n)] = fit_base(rows, times, None if n == ref else thread_bounds(base[str(ref)], ref, n, ratio))
+        x = np.array([vector(e.features, e.threads, e.cores) for e in data])
+        y = np.array([math.log(e.ms / (e.probe_ms or 1.0) / base_time(base, e.features, e.threads)) for e in data])
         params = {"objective": "reg:squarederror", "eta": 0.05, "max_depth": 3, "subsample": 0.8,
                   "colsample_bytree": 0.5, "min_child_weight": 5, "lambda": 1.0, "seed": seed, "nthread": 1,
                   **overrides}
         matrix = xgb.DMatrix(x, label=y, feature_names=FEATURES)
         boosters = [xgb.train({**params, "seed": seed + k}, matrix, num_boost_round=rounds) for k in range(members)]
-        return cls(boosters, sorted({e.model for e in data}), {**params, "rounds": rounds, "members": members},
+        return cls(boosters, sorted({e.model for e in data}), {**params, "rounds": rounds, "members": members,
+                                                             "tree_weight": tree_weight},
                    probes, base)
 
     def predict_ms(self, features: dict, threads: int, cores: int, probe_ms: float | None = None) -> float:
@@ -182,7 +237,7 @@ class Predictor:
 
         x = np.array([vector(f, t, c) for f, t, c, _ in rows])
         matrix = xgb.DMatrix(x, feature_names=FEATURES)
-        ratio = np.exp(np.mean([b.predict(matrix) for b in self.boosters], axis=0))
+        ratio = np.exp(self.params["tree_weight"] * np.mean([b.predict(matrix) for b in self.boosters], axis=0))
         return [float(r * base_time(self.base, f, t) * self._scale(t, probe))
                 for r, (f, t, _, probe) in zip(ratio, rows)]
 
@@ -226,7 +281,11 @@ class Predictor:
                 or not all(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in v)
                 for n, v in base.items()):
             raise ProfileError(f"{path}: its base (unit costs per thread count) is missing or malformed; retrain it")
-        return cls(boosters, data["trained_on"], data["params"], data.get("probe_ms", {}), base)
+        params = data.get("params")
+        weight = params.get("tree_weight") if isinstance(params, dict) else None
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0.0 <= weight <= 1.0:
+            raise ProfileError(f"{path}: its tree_weight is missing or not within [0, 1]; retrain it")
+        return cls(boosters, data["trained_on"], params, data.get("probe_ms", {}), base)
 
 
 def mape(predicted: list[float], measured: list[float]) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from edgeplan.errors import ProfileError
 from edgeplan.pipeline import params as params_mod
 from edgeplan.profile import cpu, fleet, run
-from edgeplan.profile.predictor import BASE, Predictor, examples, fit_base
+from edgeplan.profile.predictor import BASE, Predictor, examples, fit_base, thread_bounds
 
 SETTINGS = cpu.Settings(repeats=20, span_s=0.5, budget_s=2)
 
@@ -103,6 +104,30 @@ def test_the_base_is_a_sum_of_unit_costs():
     assert big @ theta == pytest.approx(big @ costs, rel=1e-3)
 
 
+def test_costs_at_more_threads_stay_between_a_share_and_all_of_the_fewest_threads():
+    """At 2 threads a kernel takes between half and all of its 1-thread wall time (in probe units: times the probe
+    ratio); the per-op, weight and constant costs are free. A cost the 2-thread times cannot tell apart (two
+    columns always equal) lands inside its bounds; one the 1-thread fit priced at 0 stays 0."""
+    rng = np.random.default_rng(5)
+    ref = np.zeros(len(BASE))
+    a, b, c, op = (BASE.index(n) for n in ("macs_1x1", "macs_kx1", "act_bytes_relu", "ops"))
+    ref[[a, b, c, op]] = [2e-8, 2e-8, 1e-6, 1e-3]
+    low, high = thread_bounds(ref.tolist(), 1, 2, probe_ratio=1.8)
+    assert low[a] == pytest.approx(1.8e-8) and high[a] == pytest.approx(3.6e-8)
+    assert low[op] == 0 and high[op] == math.inf and low[BASE.index("macs_dw")] == high[BASE.index("macs_dw")] == 0
+    rows = rng.uniform(0, 1e8, (40, len(BASE)))
+    rows[:, b] = rows[:, a]  # 1x1 and kx1 MACs never apart: unidentifiable
+    rows[:, -1] = 1.0
+    truth = np.zeros(len(BASE))
+    truth[[a, b, c, op]] = [0.9e-8 * 2, 0.9e-8 * 2, 1.8e-6, 3e-3]  # parallel, parallel, serial, slower per op
+    free = np.array(fit_base(rows.tolist(), (rows @ truth).tolist()))
+    bounded = np.array(fit_base(rows.tolist(), (rows @ truth).tolist(), (low, high)))
+    assert all(lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9) for lo, t, hi in zip(low, bounded, high))
+    assert bounded[BASE.index("macs_dw")] == 0
+    assert rows @ bounded == pytest.approx(rows @ truth, rel=1e-3)
+    assert rows @ free == pytest.approx(rows @ truth, rel=1e-3)
+
+
 def test_profiles_with_the_old_op_families_are_refused(trained):
     profiles, _ = trained
     old = profiles[0]
@@ -110,8 +135,46 @@ def test_profiles_with_the_old_op_families_are_refused(trained):
     stale = {k: v for k, v in seg.features.items() if k not in ("ops_mul", "macs_mul", "act_mul")}
     old = dataclasses.replace(old, segments=tuple(dataclasses.replace(s, features=stale) if s is seg else s
                                                   for s in old.segments))
-    with pytest.raises(ProfileError, match=r"predate the op families .*ops_mul.*profile it again"):
+    with pytest.raises(ProfileError, match=r"predate what this edgeplan.s predictor reads .*ops_mul.*profile it again"):
         examples([old])
+
+
+def test_profiles_without_the_average_pools_outputs_are_refused(trained):
+    profiles, _ = trained
+    old = profiles[0]
+    old = dataclasses.replace(old, segments=tuple(
+        dataclasses.replace(s, features={k: v for k, v in s.features.items() if k != "avgpool_outputs"})
+        if s.features else s for s in old.segments))
+    with pytest.raises(ProfileError, match=r"no avgpool_outputs\); profile it again"):
+        examples([old])
+
+
+def test_the_average_pools_are_priced_by_their_outputs():
+    """An int8 3x3 stride-1 average pool and a 2x2 stride-2 one: the base's term is their output elements (the
+    window reads stay a feature of their own)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from edgeplan.profile.features import segment_features
+    from edgeplan.profile.predictor import BASE, additive
+    from edgeplan.quantize.tflite_graph import TfliteGraph
+
+    @tf.function(input_signature=[tf.TensorSpec([1, 8, 8, 4], tf.float32)])
+    def f(x):
+        a = tf.nn.avg_pool2d(x, 3, 1, "SAME")
+        return tf.nn.avg_pool2d(a, 2, 2, "VALID")
+
+    conv = tf.lite.TFLiteConverter.from_concrete_functions([f.get_concrete_function()])
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    rng = np.random.default_rng(0)
+    conv.representative_dataset = lambda: ([rng.random((1, 8, 8, 4), np.float32)] for _ in range(10))
+    feats = segment_features(TfliteGraph(conv.convert()))
+    assert feats["ops_avgpool"] == 2
+    assert feats["avgpool_outputs"] == 8 * 8 * 4 + 4 * 4 * 4
+    assert feats["avgpool_window"] == 8 * 8 * 4 * 9 + 4 * 4 * 4 * 4
+    row = additive(feats)
+    assert row[BASE.index("avgpool_outputs")] == feats["avgpool_outputs"]
+    assert "act_bytes_avgpool" not in BASE and len(row) == len(BASE)
 
 
 def test_a_predictor_file_without_its_base_is_refused(trained, tmp_path):
@@ -122,6 +185,29 @@ def test_a_predictor_file_without_its_base_is_refused(trained, tmp_path):
         data["base"] = bad
         (tmp_path / "bad.json").write_text(json.dumps(data))
         with pytest.raises(ProfileError, match="base .* is missing or malformed"):
+            Predictor.load(tmp_path / "bad.json")
+
+
+def test_a_prediction_takes_tree_weight_of_the_trees_correction(trained, tmp_path):
+    """Weight 0 is the base alone; the default is the geometric mean of the base's prediction and the full one; a
+    file without a weight in [0, 1] is refused in one line."""
+    profiles, model = trained
+    data = examples(profiles)
+    rows = [(e.features, e.threads, e.cores, e.probe_ms) for e in data[:6]]
+    assert model.params["tree_weight"] == 0.5
+    full = Predictor.train(data, rounds=30, tree_weight=1.0).predict_many(rows)
+    base = Predictor.train(data, rounds=30, tree_weight=0.0).predict_many(rows)
+    half = Predictor.train(data, rounds=30).predict_many(rows)
+    assert half == pytest.approx([math.sqrt(f * b) for f, b in zip(full, base)], rel=1e-5)
+    assert any(abs(f / b - 1) > 1e-3 for f, b in zip(full, base))
+    with pytest.raises(ProfileError, match="tree_weight must be within"):
+        Predictor.train(data, tree_weight=1.5)
+    model.save(tmp_path / "p.json")
+    saved = json.loads((tmp_path / "p.json").read_text())
+    for bad in (None, "0.5", 2.0, True):
+        saved["params"]["tree_weight"] = bad
+        (tmp_path / "bad.json").write_text(json.dumps(saved))
+        with pytest.raises(ProfileError, match=r"bad.json: its tree_weight is missing or not within \[0, 1\]"):
             Predictor.load(tmp_path / "bad.json")
 
 
