@@ -38,8 +38,8 @@ FORMAT = "edgeplan-latency-predictor-4"
 # A prediction is the base times exp(TREE_WEIGHT x the trees' log correction): the geometric mean of the base's
 # prediction and the base-and-trees' one. Chosen by leave-one-architecture-out over the 16 training networks of
 # bench/profiling.py on five days' profiles (median error, mean over the five: weight 0: 6.2 %, 0.25: 5.7 %,
-# 0.5: 5.4 %, 0.75: 5.5 %, 1: 5.7 %). Trees do not extrapolate: on InceptionV3 the base alone was within 3-6 %
-# while the full correction moved its first layers +25 % and its last -10 %.
+# 0.5: 5.4 %, 0.75: 5.5 %, 1: 5.7 %). Trees do not extrapolate: on InceptionV3 the base alone was within 3-10 %
+# (two days' profiles) while the full correction moved its first layers +28 % and its last -10 %.
 TREE_WEIGHT = 0.5
 MIN_BASE = 1e-4  # probe units (~0.5 us at the reference probe): a base of 0 would make the trees' target infinite
 
@@ -71,12 +71,12 @@ def vector(f: dict, threads: int, cores: int) -> list[float]:
 
 
 # Families the base prices by activation bytes. The int8 average pool is priced by its outputs instead: it runs on
-# LiteRT's builtin kernel (XNNPACK takes no int8 AVERAGE_POOL_2D), one thread, at 3.1-3.5 ns per output element
-# here whatever its window (2x2 stride 2 on 28x28x256: 3.1; 3x3 stride 1 on 35x35x288 and 17x17x768: 3.4), where
-# per activation byte it costs 0.6 and 1.7 ns and per window read 0.8 and 0.4. Priced by bytes and window reads,
+# LiteRT's builtin kernel (XNNPACK takes no int8 AVERAGE_POOL_2D), one thread, at 3.1-3.8 ns per output element
+# here whatever its window (2x2 stride 2 on 28x28x256: 3.1; 3x3 stride 1 on 35x35x288 and 17x17x768: 3.4; over
+# eight shapes from 8x8x2048 to 56x56x32: 3.2-3.8), where per activation byte the first two cost 0.6 and 1.7 ns
+# and per window read 0.8 and 0.4. Priced by bytes and window reads,
 # the base learned DenseNet's 2x2 pools and under-priced InceptionV3's 3x3 ones by ~40 %.
 BYTE_FAMILIES = tuple(fam for fam in FAMILY_NAMES if fam != "avgpool")
-MISSING = "predate what this edgeplan's predictor reads"
 
 
 def additive(f: dict) -> list[float]:
@@ -167,8 +167,8 @@ def examples(profiles: list[Profile], cores: int | None = None) -> list[Example]
                 continue
             missing = [k for k in [f"ops_{fam}" for fam in FAMILY_NAMES] + ["avgpool_outputs"] if k not in s.features]
             if missing:
-                raise ProfileError(f"{p.model}: its profile's segment features {MISSING} "
-                                   f"(no {', '.join(missing)}); profile it again")
+                raise ProfileError(f"{p.model}: its profile's segment features predate what this edgeplan's "
+                                   f"predictor reads (no {', '.join(missing)}); profile it again")
             for t in s.cpu:
                 if t.source == "measured" and t.median_ms > 0:
                     probe = p.probe_ms(t.threads)
@@ -210,13 +210,15 @@ class Predictor:
         counts = sorted({e.threads for e in data})
         probes = {str(n): float(np.median([e.probe_ms for e in data if e.threads == n and e.probe_ms]))
                   for n in sorted({e.threads for e in data if e.probe_ms})}
+        ref = counts[0]  # the fewest threads: fitted freely, the others bounded by it
         base = {}
         for n in counts:
             rows = [additive(e.features) for e in data if e.threads == n]
             times = [e.ms / (e.probe_ms or 1.0) for e in data if e.threads == n]
-            ref = counts[0]
-            ratio = probes[str(ref)] / probes[str(n)] if probes else 1.0
-            base[str(n)] = fit_base(rows, times, None if n == ref else thread_bounds(base[str(ref)], ref, n, ratio))
+            bounds = None
+            if n != ref:
+                bounds = thread_bounds(base[str(ref)], ref, n, probes[str(ref)] / probes[str(n)] if probes else 1.0)
+            base[str(n)] = fit_base(rows, times, bounds)
         x = np.array([vector(e.features, e.threads, e.cores) for e in data])
         y = np.array([math.log(e.ms / (e.probe_ms or 1.0) / base_time(base, e.features, e.threads)) for e in data])
         params = {"objective": "reg:squarederror", "eta": 0.05, "max_depth": 3, "subsample": 0.8,
@@ -264,6 +266,10 @@ class Predictor:
         if data.get("format") != FORMAT or data.get("features") != FEATURES or data.get("base_terms") != BASE:
             raise ProfileError(f"{path}: a predictor of another format or feature set "
                                f"({data.get('format')!r}); retrain it with this edgeplan")
+        params = data.get("params")
+        weight = params.get("tree_weight") if isinstance(params, dict) else None
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0.0 <= weight <= 1.0:
+            raise ProfileError(f"{path}: its tree_weight is missing or not within [0, 1]; retrain it")
         raw = data.get("boosters")
         if not isinstance(raw, list) or not raw or not all(isinstance(b, dict) for b in raw):
             raise ProfileError(f"{path}: its boosters are missing or malformed; retrain it")
@@ -281,10 +287,6 @@ class Predictor:
                 or not all(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0 for t in v)
                 for n, v in base.items()):
             raise ProfileError(f"{path}: its base (unit costs per thread count) is missing or malformed; retrain it")
-        params = data.get("params")
-        weight = params.get("tree_weight") if isinstance(params, dict) else None
-        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0.0 <= weight <= 1.0:
-            raise ProfileError(f"{path}: its tree_weight is missing or not within [0, 1]; retrain it")
         return cls(boosters, data["trained_on"], params, data.get("probe_ms", {}), base)
 
 

@@ -13,7 +13,9 @@ import pytest
 from edgeplan.errors import ProfileError
 from edgeplan.pipeline import params as params_mod
 from edgeplan.profile import cpu, fleet, run
-from edgeplan.profile.predictor import BASE, Predictor, examples, fit_base, thread_bounds
+from edgeplan.profile.features import segment_features
+from edgeplan.profile.predictor import BASE, Predictor, additive, examples, fit_base, thread_bounds
+from edgeplan.quantize.tflite_graph import TfliteGraph
 
 SETTINGS = cpu.Settings(repeats=20, span_s=0.5, budget_s=2)
 
@@ -152,12 +154,7 @@ def test_profiles_without_the_average_pools_outputs_are_refused(trained):
 def test_the_average_pools_are_priced_by_their_outputs():
     """An int8 3x3 stride-1 average pool and a 2x2 stride-2 one: the base's term is their output elements (the
     window reads stay a feature of their own)."""
-    import numpy as np
     import tensorflow as tf
-
-    from edgeplan.profile.features import segment_features
-    from edgeplan.profile.predictor import BASE, additive
-    from edgeplan.quantize.tflite_graph import TfliteGraph
 
     @tf.function(input_signature=[tf.TensorSpec([1, 8, 8, 4], tf.float32)])
     def f(x):
