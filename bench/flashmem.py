@@ -9,7 +9,7 @@ Per model (ResNet50V2, DenseNet201, InceptionV3 and VGG19, seeded weights, int8)
 it — ``edgeplan compile``, ``edgeplan stream`` (VGG19's fc1 split), ``edgeplan profile run`` (load capacity
 measured), ``plan_flashmem`` at M_peak = max(``--share`` x the all-preloaded footprint the plan predicts, the
 smallest budget ``check_budget`` accepts x 1.05). Then each configuration — ``preload`` (the whole int8 model
-as one interpreter), ``plan``, ``always-next``, ``same-op-type`` — runs in a fresh process
+as one interpreter), ``plan``, ``always-next``, ``same-op-type``, ``eager`` — runs in a fresh process
 (``--child``), cold (page cache of its blobs dropped before every request), ``--iterations`` requests, peak
 resident set above the process's baseline from VmHWM after clear_refs 5 and a 2-ms sampler; ``--rounds``
 rounds, configurations shuffled within each round; medians over rounds.
@@ -21,6 +21,9 @@ Keys (ratios and errors are fractions):
   model's in ``models``. [Fig. 9] Beside it, always_next_over_read_floor: always-next over the read floor (the
   plan's segments read cold and hashed by the runtime's readers, nothing built or run, interleaved with the
   modes): no plan streams faster than that floor, so always-next / plan cannot exceed this ratio here.
+- eager_latency_ratio / eager_peak_ratio: geometric means of eager / preload (time; peak): every segment read
+  from the request's start and built as soon as read, no plan and no budget — what this runtime does at best for
+  time, beside the plan's figures (not a target).
 - fifo_peak_ratio: the four models FIFO, ``--fifo-iterations`` rounds each, peak plan / preload. [Fig. 6]
 - tradeoff: ResNet50V2 re-planned over M_peak and lambda, each measured (peak, time). [Fig. 8]
 - solver: LC-OPG on real layer lists — DenseNet201's streaming layers (measured capacities) and GPT-Neo
@@ -66,7 +69,7 @@ REPO = Path(__file__).resolve().parent.parent
 EDGEPLAN = [sys.executable, "-m", "edgeplan.cli"]
 MODELS = {"ResNet50V2": "resnet50v2_224", "DenseNet201": "densenet201_224", "InceptionV3": "inceptionv3_299",
           "VGG19": "vgg19_224"}
-MODES = ("preload", "plan", "always-next", "same-op-type")
+MODES = ("preload", "plan", "always-next", "same-op-type", "eager")
 READ_FLOOR = "read-floor"  # the segments read cold and hashed, nothing else: a streamed request's floor here
 CLASS = "coral-usb-emulated"  # its CPU is measured here; nothing of its (emulated) Edge TPU enters
 # GPT-Neo published configs (EleutherAI, Hugging Face config.json): layers, hidden, vocabulary, positions
@@ -500,6 +503,8 @@ def main() -> int:
                 # no plan streams faster than its segments can be read cold: always-next / plan is at most this
                 "always_next_over_read_floor": s["always-next"]["ms"] / floor,
                 "always_next_peak_over_plan": s["always-next"]["peak_bytes"] / s["plan"]["peak_bytes"],
+                "eager_latency_ratio": s["eager"]["ms"] / pre["ms"],
+                "eager_peak_ratio": s["eager"]["peak_bytes"] / pre["peak_bytes"],
                 "rss_prediction_error": abs(mp.plan.peak_resident_bytes - s["plan"]["peak_bytes"])
                 / s["plan"]["peak_bytes"],
                 "predicted_read_mb_s": mp.read_mb_s,
@@ -516,6 +521,8 @@ def main() -> int:
             result["peak_rss_ratio"] = geomean([m["peak_rss_ratio"] for m in per_model.values()])
             result["integrated_latency_ratio"] = geomean([m["integrated_latency_ratio"] for m in per_model.values()])
             result["integrated_latency_ratio_max"] = max(m["integrated_latency_ratio"] for m in per_model.values())
+            result["eager_latency_ratio"] = geomean([m["eager_latency_ratio"] for m in per_model.values()])
+            result["eager_peak_ratio"] = geomean([m["eager_peak_ratio"] for m in per_model.values()])
             vgg = per_model.get("VGG19")
             result["always_next_over_plan"] = {"value": vgg["always_next_over_plan"] if vgg else None,
                                                "model": "VGG19" if vgg else "VGG19 not measured"}
@@ -594,9 +601,9 @@ def plot(result: dict, path: Path) -> None:
 def _bars(ax, models: dict, value, ylabel: str, title: str) -> None:
     names = list(models)
     for k, mode in enumerate(MODES):
-        ax.bar([i + k * 0.2 for i in range(len(names))], [value(models[n]["modes"][mode]) for n in names], 0.2,
+        ax.bar([i + k * 0.16 for i in range(len(names))], [value(models[n]["modes"][mode]) for n in names], 0.16,
                label=mode)
-    ax.set_xticks([i + 0.3 for i in range(len(names))], names)
+    ax.set_xticks([i + 0.32 for i in range(len(names))], names)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=8)

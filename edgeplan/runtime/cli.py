@@ -392,10 +392,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--deployment", help="with --store: the deployment to pull")
     sp.add_argument("--pull-every", type=float, default=300.0, help="seconds between pulls (default 300)")
     sp.add_argument("--trusted", action="append", help=f"with --store: trusted keys (default ${TRUSTED_ENV})")
-    sp.add_argument("--stream", nargs="?", const="plan", choices=("plan", "always-next", "same-op-type", "serial"),
+    sp.add_argument("--stream", nargs="?", const="plan",
+                    choices=("plan", "eager", "always-next", "same-op-type", "serial"),
                     help="serve the models streamed from their blobs as the revision's FlashMem plan says, one request "
                          "at a time, each model's segments dropped after use (FlashMem, models not kept resident); "
-                         "a mode other than plan (always-next, same-op-type, serial) for comparison")
+                         "eager: every segment read from the request's start and built as soon as it is in (no "
+                         "memory budget: faster, more memory than plan); always-next, same-op-type, serial for "
+                         "comparison")
     serving(sp)
     sp.set_defaults(func=cmd_serve)
     sp = sub.add_parser("loadgen", help="open-loop Poisson load per model; every request's latency",
@@ -421,8 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--models", help="comma-separated, in FIFO order (default: every model of the revision)")
     sp.add_argument("--iterations", type=int, default=10, help="rounds (default 10)")
     sp.add_argument("--stream-mode", default="plan",
-                    choices=("plan", "preload", "serial", "always-next", "same-op-type"),
-                    help="plan (default), preload (the whole model as one interpreter), or a streaming baseline")
+                    choices=("plan", "preload", "eager", "serial", "always-next", "same-op-type"),
+                    help="plan (default), preload (the whole model as one interpreter), eager (every segment read "
+                         "at once, built as soon as read: no memory budget), or a streaming baseline")
     sp.add_argument("--warm", action="store_true", help="keep the page cache (figures are then warm)")
     sp.add_argument("--out", help="write every request and the resident-set timeline as JSON")
     sp.set_defaults(func=cmd_fifo)

@@ -9,8 +9,10 @@ library.
 
 Modes (``schedule``): ``serial`` (each segment read and built when its turn comes: no overlap),
 ``always-next`` (segment k+1 read and built while k runs), ``same-op-type`` (read ahead to the next segment
-whose lead op has the same kind as the running one, FlashMem Fig. 9's baseline), ``plan`` (the overlap plan's
-reads and builds). ``preload`` (the whole model in one interpreter) is ``run_preloaded``.
+whose lead op has the same kind as the running one, FlashMem Fig. 9's baseline), ``eager`` (every segment read
+from the request's start, in order, and built as soon as it is in: no plan and no memory budget — what this
+runtime does at best for latency), ``plan`` (the overlap plan's reads and builds). ``preload`` (the whole model
+in one interpreter) is ``run_preloaded``.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import numpy as np
 from edgeplan.errors import EdgeplanError
 from edgeplan.plan.flashmem.plan import OverlapPlan, run_loads
 
-MODES = ("serial", "always-next", "same-op-type", "plan")
+MODES = ("serial", "always-next", "same-op-type", "eager", "plan")
 SWITCH_INTERVAL_S = 0.001
 READERS = 2  # reader threads (``Streamer(readers=)``): 1 reads the planned pieces strictly one after another
 
@@ -89,6 +91,8 @@ def schedule(segments: list[Segment], mode: str, plan: OverlapPlan | None = None
         return [Step(((k, s.size),), k if k else -1) for k, s in enumerate(segments)]
     if mode == "always-next":
         return [Step(((max(0, k - 1), s.size),), k - 1) for k, s in enumerate(segments)]
+    if mode == "eager":
+        return [Step(((0, s.size),), 0) for s in segments]
     if mode == "same-op-type":
         steps = []
         for k, s in enumerate(segments):

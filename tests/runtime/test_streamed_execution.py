@@ -76,6 +76,23 @@ def test_the_plan_streams_and_loads_where_planned(streamed, readers):
         assert entry.built_at < k or entry.stall_ms > 0
 
 
+def test_eager_reads_everything_from_the_start_and_builds_as_soon_as_read(streamed):
+    """eager: no plan and no budget — every blob read from position 0 in order, each built once it is in, so
+    reads run ahead of the compute thread: no piece is read after its segment's turn, and the next segment's
+    read begins while the first is still due (the readers take it at once; the compute thread waits for its first
+    segment's read and build)."""
+    _, _, segs, x, want = streamed
+    steps = stream.schedule(segs, "eager")
+    assert steps == [stream.Step(((0, s.size),), 0) for s in segs]
+    assert stream.pieces(steps) == [(0, k, 0, s.size) for k, s in enumerate(segs)]
+    out, log = stream.Streamer(segs, steps, INTERPRETER, "eager").run(x)
+    for k in want:
+        np.testing.assert_array_equal(out[k], want[k])
+    assert all(len(e.read_at) == 1 and e.read_at[0] <= k for k, e in enumerate(log.segments))
+    assert all(0 <= e.built_at <= k for k, e in enumerate(log.segments))
+    assert log.segments[1].read_at == [0]
+
+
 def test_readers_take_pieces_in_planned_order_across_segments(streamed):
     """A later segment's early piece is read when its position comes, not after every segment before it is in:
     with one reader, the last segment's first half (planned at position 0) is read before segment 2's blob
