@@ -442,7 +442,7 @@ def main() -> int:
                     help="where the compiled models and plans stay between runs (default: .edgeplan/bench/flashmem)")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated, of " + ", ".join(MODELS))
     ap.add_argument("--share", type=float, default=0.25, help="M_peak as this share of the preloaded footprint")
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=11, help="interleaved rounds per model (fresh processes, medians)")
     ap.add_argument("--iterations", type=int, default=3, help="cold requests per configuration process")
     ap.add_argument("--fifo-iterations", type=int, default=10)
     ap.add_argument("--parts", default="models,fifo,tradeoff,solver,capacity,probe")
@@ -459,7 +459,8 @@ def main() -> int:
     settings = params_mod.load(None)["flashmem"]
     parts = set(args.parts.split(","))
     result: dict = {"machine": machine(), "quick": args.quick, "share": args.share, "rounds": args.rounds,
-                    "iterations": args.iterations, "cold": True, "emulated": False}
+                    "iterations": args.iterations, "cold": True, "emulated": False,
+                    "solve_share": float(settings["solve_share"]), "read_lead": int(settings["read_lead"])}
     wanted = [m for m in args.models.split(",") if m]
     unknown = [m for m in wanted if m not in MODELS]
     if unknown:
@@ -493,8 +494,9 @@ def main() -> int:
             per_model[name] = {
                 "m_peak_bytes": fp.m_peak, "segments": len(mp.segments), "layers": len(mp.plan.resident_bytes),
                 "predicted_peak_bytes": mp.plan.peak_resident_bytes, "predicted_preload_bytes": mp.preload_peak_bytes,
-                "predicted_from": mp.footprint,
-                "modes": s, "peak_rss_ratio": s["plan"]["peak_bytes"] / pre["peak_bytes"],
+                "predicted_from": mp.footprint, "solve_m_peak_bytes": mp.plan.solve_m_peak or fp.m_peak,
+                "read_lead": mp.plan.read_lead, "modes": s,
+                "peak_rss_ratio": s["plan"]["peak_bytes"] / pre["peak_bytes"],
                 "integrated_latency_ratio": s["plan"]["ms"] / pre["ms"],
                 "always_next_over_plan": s["always-next"]["ms"] / s["plan"]["ms"],
                 "same_op_over_plan": s["same-op-type"]["ms"] / s["plan"]["ms"],

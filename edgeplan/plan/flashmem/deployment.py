@@ -2,14 +2,15 @@
 
 Per model: its streaming layers (``stream/stream.json``), their measured load capacity and times
 (``profiles/<class>.json``), M_peak from the device class (``flashmem.m_peak_ram_share`` of its RAM, less the
-partitions SwapLess preloads for fast switching when its plan exists), LC-OPG, then the segments the plan
-runs — runs of layers (``plan.groups``, then merged while shorter than ``flashmem.min_segment_ms``:
-``merge``) cut from ``stream/model_split.tflite`` into ``deployments/<name>/flashmem/<model>/`` — each named in
-the plan by its sha256. The plan recorded is the solver's shifted to what the runtime does over those segments,
-its predicted residency from what the cut segments hold, measured here once built (``profile.footprint``), and
-the activations the runtime keeps between them (from the graph), less what the runtime has not loaded yet
-while a segment shorter than its loads runs (``merge.expected``, at the readers' cold rate measured with them);
-the layers' own figures when that measuring fails (the plan's ``footprint`` says which).
+partitions SwapLess preloads for fast switching when its plan exists), LC-OPG within ``flashmem.solve_share`` of
+M_peak, then the segments the plan runs — runs of layers (``plan.groups``, then merged while shorter than
+``flashmem.min_segment_ms``: ``merge``) cut from ``stream/model_split.tflite`` into
+``deployments/<name>/flashmem/<model>/`` — each named in the plan by its sha256. The plan recorded is the solver's
+shifted to what the runtime does over those segments, its reads then given up to ``flashmem.read_lead`` segments of
+lead within M_peak (``lead.hoist``), its predicted residency from what the cut segments hold, measured here once
+built (``profile.footprint``), and the activations the runtime keeps between them (from the graph), less what the
+runtime has not loaded yet while a segment shorter than its loads runs (``merge.expected``, at the readers' cold
+rate measured with them); the layers' own figures when that measuring fails (the plan's ``footprint`` says which).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from edgeplan.artifacts import StreamInfo, write_bytes_atomic
 from edgeplan.errors import ArtifactError, PlanError, ProfileError
 from edgeplan.pipeline.planning import deployment, resolve_version
 from edgeplan.plan.flashmem import lcopg
+from edgeplan.plan.flashmem.lead import hoist
 from edgeplan.plan.flashmem.merge import expected, footprints_of, measured, merge, shifted
 from edgeplan.plan.flashmem.plan import (
     FlashMemPlan,
@@ -33,7 +35,7 @@ from edgeplan.plan.flashmem.plan import (
     StreamSegment,
     groups,
 )
-from edgeplan.plan.flashmem.problem import Layer, Problem
+from edgeplan.plan.flashmem.problem import Layer, Problem, check_budget, min_m_peak
 from edgeplan.profile import capacity as cap
 from edgeplan.profile import fleet as fleet_mod
 from edgeplan.profile import footprint
@@ -80,6 +82,10 @@ def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None
     dc = fleet_mod.load(params, {d["name"] for d in params.get("deployments") or []}).device_class(dep["device_class"])
     budget = m_peak if m_peak is not None else m_peak_bytes(root, name, dc.ram_bytes, settings)
     out_dir = Path(root) / "deployments" / name
+    share, lead = float(settings["solve_share"]), int(settings["read_lead"])
+    if not 0.0 < share <= 1.0 or lead < 1:
+        raise PlanError(f"flashmem.solve_share must be in (0, 1] and flashmem.read_lead at least 1 segment, got "
+                        f"{share} and {lead}")
     models = []
     for m in dep["models"]:
         version = resolve_version(root, m["name"], str(m.get("version", "latest")))
@@ -95,8 +101,12 @@ def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None
             raise ProfileError(f"{path}: no load capacity measured (the class's CPU is not measured here, or "
                                "flashmem.capacity_rounds is 0); FlashMem plans from measured load capacity")
         prob = problem(info, load, settings, budget)
-        solved = lcopg.plan(prob, lambda done, total, n=m["name"]: progress(n, done, total))
-        runs, overlap = merge(prob, solved, groups(solved, len(info.layers)), float(settings["min_segment_ms"]))
+        check_budget(prob)
+        # the solver plans within a share of M_peak; the reads take the rest as lead (``lead``)
+        room = replace(prob, m_peak=min(budget, max(int(share * budget), int(min_m_peak(prob) * 1.05))))
+        solved = lcopg.plan(room, lambda done, total, n=m["name"]: progress(n, done, total))
+        runs, overlap = merge(room, solved, groups(solved, len(info.layers)), float(settings["min_segment_ms"]))
+        overlap = hoist(prob, overlap, runs, lead)
         segments, live = _cut(d, info, runs, out_dir, f"flashmem/{m['name']}")
         try:
             held = footprint.measure([out_dir / s.file for s in segments])
@@ -108,7 +118,8 @@ def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None
                         for s, (built, arena, ms, run), n in zip(segments, held.segments, live, strict=True)]
             fps = footprints_of(segments)
             prices, read_mb_s = measured(prob, runs, fps), round(held.read_mb_s, 1)
-            overlap, source = expected(prices, shifted(prices, solved, runs), runs, fps, read_mb_s), "segments"
+            led = hoist(prices, shifted(prices, solved, runs), runs, lead)
+            overlap, source = expected(prices, led, runs, fps, read_mb_s), "segments"
         preload_peak = sum(prob.full_kib(i) for i in range(prob.n)) * 1024
         models.append(ModelStreamPlan(m["name"], version, info.split_sha256, "measured", tuple(segments), overlap,
                                       preload_peak, source, read_mb_s))

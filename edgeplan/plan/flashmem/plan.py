@@ -66,6 +66,8 @@ class OverlapPlan(_Record):
     over_capacity_bytes: int  # reads beyond C_l (soft tier or greedy): where a stall is expected
     over_build_ms: float  # builds beyond a layer's shadow
     schema_version: int = 1
+    solve_m_peak: int = 0  # the M_peak the solver planned within (``flashmem.solve_share``; 0: m_peak)
+    read_lead: int = 1  # segments a streamed read comes before its segment, at least, where M_peak allowed (``lead``)
 
     @property
     def peak_resident_bytes(self) -> int:
