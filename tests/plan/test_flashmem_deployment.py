@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from edgeplan.artifacts import StreamInfo
-from edgeplan.errors import ArtifactError, MemoryBudgetError
+from edgeplan.errors import ArtifactError, MemoryBudgetError, PlanError
 from edgeplan.pipeline import params as params_mod
 from edgeplan.pipeline import stages
 from edgeplan.plan.flashmem.deployment import plan_flashmem, problem
@@ -107,6 +107,11 @@ def test_bad_inputs_say_what_to_run(planned, tmp_path):
     root, d, p, plan, _ = planned
     with pytest.raises(MemoryBudgetError, match=r"M_peak .* is below what layers"):
         plan_flashmem(root, "sq-solo", p, m_peak=64 * 1024)
+    for key, value in (("solve_share", 0.0), ("read_lead", 0)):
+        bad = copy.deepcopy(p)
+        bad["flashmem"][key] = value
+        with pytest.raises(PlanError, match=r"flashmem.solve_share must be in \(0, 1\] and flashmem.read_lead at least 1"):
+            plan_flashmem(root, "sq-solo", bad)
     bare = tmp_path / "sq" / "1"
     shutil.copytree(d, bare)
     shutil.rmtree(bare / "stream")
