@@ -611,8 +611,9 @@ def cmd_plan_flashmem(args, params) -> int:
                       f"({p.preload_bytes / 1e6:.2f} MB); {len(m.segments)} segments; predicted peak of weights "
                       f"{p.peak_resident_bytes / 1e6:.2f} MB vs {m.preload_peak_bytes / 1e6:.2f} MB all preloaded "
                       "(the plan's arithmetic: activations and arenas come on top, the runtime measures RSS)"
-                      + (f"; over capacity {p.over_capacity_bytes / 1e6:.2f} MB read, {p.over_build_ms:.1f} ms of "
-                         "builds: stalls expected" if p.over_capacity_bytes or p.over_build_ms else ""))
+                      + (f"; beyond the layers' load capacity: {p.over_capacity_bytes / 1e6:.2f} MB read (the reads "
+                         f"given lead included), {p.over_build_ms:.1f} ms of builds"
+                         if p.over_capacity_bytes or p.over_build_ms else ""))
     console.print(f"wrote {path}")
     return 0
 

@@ -110,7 +110,7 @@ def test_bad_inputs_say_what_to_run(planned, tmp_path):
     for key, value in (("solve_share", 0.0), ("read_lead", 0)):
         bad = copy.deepcopy(p)
         bad["flashmem"][key] = value
-        with pytest.raises(PlanError, match=r"flashmem.solve_share must be in \(0, 1\] and flashmem.read_lead at least 1"):
+        with pytest.raises(PlanError, match=r"solve_share must be in \(0, 1\] and flashmem.read_lead at least 1"):
             plan_flashmem(root, "sq-solo", bad)
     bare = tmp_path / "sq" / "1"
     shutil.copytree(d, bare)

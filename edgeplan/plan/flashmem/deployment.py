@@ -105,14 +105,13 @@ def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None
         # the solver plans within a share of M_peak; the reads take the rest as lead (``lead``)
         room = replace(prob, m_peak=min(budget, max(int(share * budget), int(min_m_peak(prob) * 1.05))))
         solved = lcopg.plan(room, lambda done, total, n=m["name"]: progress(n, done, total))
-        runs, overlap = merge(room, solved, groups(solved, len(info.layers)), float(settings["min_segment_ms"]))
-        overlap = hoist(prob, overlap, runs, lead)
+        runs, merged = merge(room, solved, groups(solved, len(info.layers)), float(settings["min_segment_ms"]))
         segments, live = _cut(d, info, runs, out_dir, f"flashmem/{m['name']}")
         try:
             held = footprint.measure([out_dir / s.file for s in segments])
         except ProfileError as e:
             log.warning("%s: predicted residency from its layers' figures: %s", m["name"], e)
-            source, read_mb_s = "layers", 0.0
+            overlap, source, read_mb_s = hoist(prob, merged, runs, lead), "layers", 0.0
         else:
             segments = [replace(s, built_bytes=built, arena_bytes=arena, live_bytes=n, build_ms=ms, invoke_ms=run)
                         for s, (built, arena, ms, run), n in zip(segments, held.segments, live, strict=True)]
