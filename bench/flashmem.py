@@ -24,6 +24,9 @@ Keys (ratios and errors are fractions):
 - eager_latency_ratio / eager_peak_ratio: geometric means of eager / preload (time; peak): every segment read
   from the request's start and built as soon as read, no plan and no budget — what this runtime does at best for
   time, beside the plan's figures (not a target).
+- no_lead_latency_ratio / no_lead_peak_ratio: geometric means of the same model planned without the read lead
+  (``flashmem.solve_share`` 1, ``read_lead`` 1: the solver's placement as the runtime carries it out) / preload,
+  measured in the same interleaved rounds as the plan: what the lead changes (not a target).
 - fifo_peak_ratio: the four models FIFO, ``--fifo-iterations`` rounds each, peak plan / preload. [Fig. 6]
 - tradeoff: ResNet50V2 re-planned over M_peak and lambda, each measured (peak, time). [Fig. 8]
 - solver: LC-OPG on real layer lists — DenseNet201's streaming layers (measured capacities) and GPT-Neo
@@ -70,6 +73,7 @@ EDGEPLAN = [sys.executable, "-m", "edgeplan.cli"]
 MODELS = {"ResNet50V2": "resnet50v2_224", "DenseNet201": "densenet201_224", "InceptionV3": "inceptionv3_299",
           "VGG19": "vgg19_224"}
 MODES = ("preload", "plan", "always-next", "same-op-type", "eager")
+NO_LEAD = "plan-no-lead"  # the solver's placement as it was before the read lead (solve_share 1, read_lead 1)
 READ_FLOOR = "read-floor"  # the segments read cold and hashed, nothing else: a streamed request's floor here
 CLASS = "coral-usb-emulated"  # its CPU is measured here; nothing of its (emulated) Edge TPU enters
 # GPT-Neo published configs (EleutherAI, Hugging Face config.json): layers, hidden, vocabulary, positions
@@ -142,12 +146,14 @@ def budget(d: Path, settings: dict, share: float) -> tuple[int, int]:
     return max(int(share * total), int(min_m_peak(prob) * 1.05)), total
 
 
-def plan(work: Path, dep: str, zoo: str, m_peak: int, lam: float | None = None):
+def plan(work: Path, dep: str, zoo: str, m_peak: int, lam: float | None = None, **flashmem):
+    """The deployment ``dep`` planned at ``m_peak``; ``lam`` and ``flashmem`` override params.yaml's settings."""
     from edgeplan.plan.flashmem.deployment import plan_flashmem
 
     p = bench_params(work, {dep: (zoo, lam)})
     if lam is not None:
         p["flashmem"]["lambda"] = lam
+    p["flashmem"].update(flashmem)
     t0 = time.perf_counter()
     result, path = plan_flashmem(work / "artifacts", dep, p, m_peak=m_peak)
     return result, path, time.perf_counter() - t0
@@ -477,18 +483,21 @@ def main() -> int:
     for name, d in dirs.items():
         m_peak, footprint = budget(d, settings, args.share)
         fp, path, seconds = plan(args.work, f"bench-{d.parent.name}", d.parent.name, m_peak)
-        plans[name] = (fp, path)
+        _, bare, _ = plan(args.work, f"bench-no-lead-{d.parent.name}", d.parent.name, m_peak, solve_share=1.0,
+                          read_lead=1)
+        plans[name] = (fp, path, bare)
         log(f"{name}: planned at M_peak {m_peak / 2**20:.1f} MiB in {seconds:.1f} s")
     if "models" in parts:
         per_model = {}
         for name, d in dirs.items():
-            fp, path = plans[name]
+            fp, path, bare = plans[name]
             (mp,) = fp.models
-            log(f"{name}: measuring {', '.join(MODES)}")
+            log(f"{name}: measuring {', '.join(MODES)}, {NO_LEAD}")
             configs = {mode: {"mode": mode, "iterations": args.iterations, "models": [entry(d, path)]}
                        for mode in (*MODES, READ_FLOOR)}
+            configs[NO_LEAD] = {"mode": "plan", "iterations": args.iterations, "models": [entry(d, bare)]}
             runs = measure_configs(configs, args.rounds, seed=len(per_model))
-            s = {mode: summary(runs[mode]) for mode in MODES}
+            s = {mode: summary(runs[mode]) for mode in (*MODES, NO_LEAD)}
             floor = summary(runs[READ_FLOOR])["ms"]
             pre = s["preload"]
             per_model[name] = {
@@ -506,6 +515,9 @@ def main() -> int:
                 "always_next_over_read_floor": s["always-next"]["ms"] / floor,
                 "always_next_peak_over_plan": s["always-next"]["peak_bytes"] / s["plan"]["peak_bytes"],
                 "eager_latency_ratio": s["eager"]["ms"] / pre["ms"],
+                # the read lead's effect, in the same interleaved rounds: the solver's placement as it was
+                "no_lead_latency_ratio": s[NO_LEAD]["ms"] / pre["ms"],
+                "no_lead_peak_ratio": s[NO_LEAD]["peak_bytes"] / pre["peak_bytes"],
                 "eager_peak_ratio": s["eager"]["peak_bytes"] / pre["peak_bytes"],
                 "rss_prediction_error": abs(mp.plan.peak_resident_bytes - s["plan"]["peak_bytes"])
                 / s["plan"]["peak_bytes"],
@@ -525,6 +537,8 @@ def main() -> int:
             result["integrated_latency_ratio_max"] = max(m["integrated_latency_ratio"] for m in per_model.values())
             result["eager_latency_ratio"] = geomean([m["eager_latency_ratio"] for m in per_model.values()])
             result["eager_peak_ratio"] = geomean([m["eager_peak_ratio"] for m in per_model.values()])
+            result["no_lead_latency_ratio"] = geomean([m["no_lead_latency_ratio"] for m in per_model.values()])
+            result["no_lead_peak_ratio"] = geomean([m["no_lead_peak_ratio"] for m in per_model.values()])
             vgg = per_model.get("VGG19")
             result["always_next_over_plan"] = {"value": vgg["always_next_over_plan"] if vgg else None,
                                                "model": "VGG19" if vgg else "VGG19 not measured"}
@@ -602,10 +616,12 @@ def plot(result: dict, path: Path) -> None:
 
 def _bars(ax, models: dict, value, ylabel: str, title: str) -> None:
     names = list(models)
-    for k, mode in enumerate(MODES):
-        ax.bar([i + k * 0.16 for i in range(len(names))], [value(models[n]["modes"][mode]) for n in names], 0.16,
+    modes = [m for m in (*MODES, NO_LEAD) if all(m in models[n]["modes"] for n in names)]
+    width = 0.8 / max(1, len(modes))
+    for k, mode in enumerate(modes):
+        ax.bar([i + k * width for i in range(len(names))], [value(models[n]["modes"][mode]) for n in names], width,
                label=mode)
-    ax.set_xticks([i + 0.32 for i in range(len(names))], names)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.legend(fontsize=8)
