@@ -69,12 +69,15 @@ def test_the_prediction_counts_what_each_cut_segment_holds(planned):
     prob = problem(StreamInfo.load(d / "stream" / "stream.json"),
                    Profile.load(d / "profiles" / "coral-usb-emulated.json").load_capacity, p["flashmem"], plan.m_peak)
     runs = [(s.first_layer, s.last_layer) for s in m.segments]
-    # the planner keeps M_peak as the profile's figures price the plan; the prediction recorded prices the same
-    # reads and builds with what the segments hold (which may exceed M_peak: it is a prediction, not the budget)
+    # the solver plans within solve_share of M_peak as the profile's figures price it; the read lead then takes
+    # the rest as what the cut segments hold prices it (the ledger, every load beside its segment), so the plan
+    # recorded keeps M_peak at those prices; the prediction recorded also leaves out what the runtime has not
+    # loaded yet (``expected``)
     assert shifted(prob, m.plan, runs).weights == m.plan.weights
-    assert shifted(prob, m.plan, runs).peak_resident_bytes <= plan.m_peak
     fps = footprints_of(m.segments)
     prices = measured(prob, runs, fps)
+    assert m.plan.solve_m_peak < plan.m_peak and m.plan.read_lead == 4
+    assert shifted(prices, m.plan, runs).peak_resident_bytes <= plan.m_peak
     assert m.read_mb_s > 0 and all(s.build_ms > 0 and s.invoke_ms > 0 for s in m.segments)
     assert expected(prices, shifted(prices, m.plan, runs), runs, fps, m.read_mb_s).resident_bytes == \
         m.plan.resident_bytes
