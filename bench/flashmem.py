@@ -515,10 +515,10 @@ def main() -> int:
                 "always_next_over_read_floor": s["always-next"]["ms"] / floor,
                 "always_next_peak_over_plan": s["always-next"]["peak_bytes"] / s["plan"]["peak_bytes"],
                 "eager_latency_ratio": s["eager"]["ms"] / pre["ms"],
+                "eager_peak_ratio": s["eager"]["peak_bytes"] / pre["peak_bytes"],
                 # the read lead's effect, in the same interleaved rounds: the solver's placement as it was
                 "no_lead_latency_ratio": s[NO_LEAD]["ms"] / pre["ms"],
                 "no_lead_peak_ratio": s[NO_LEAD]["peak_bytes"] / pre["peak_bytes"],
-                "eager_peak_ratio": s["eager"]["peak_bytes"] / pre["peak_bytes"],
                 "rss_prediction_error": abs(mp.plan.peak_resident_bytes - s["plan"]["peak_bytes"])
                 / s["plan"]["peak_bytes"],
                 "predicted_read_mb_s": mp.read_mb_s,

@@ -31,12 +31,9 @@ def hoist(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]], lead
     seg = {layer: k for k, (a, b) in enumerate(runs) for layer in range(a, b + 1)}
     weights = {w.layer: w for w in plan.weights}
     ledger = Ledger(problem)
-    ledger.mem = [m // KIB for m in plan.resident_bytes]  # the plan's residency (arenas of merged runs included)
     for w in plan.weights:
-        for load in w.loads:
-            ledger.read[load.layer] += load.chunks * problem.chunk_kib(w.layer)
-        if w.build_layer is not None:
-            ledger.build[w.build_layer] += problem.build_us(w.layer)
+        ledger.commit(w)
+    ledger.mem = [m // KIB for m in plan.resident_bytes]  # the plan's residency (arenas of merged runs included)
     limit = max(problem.m_peak_kib, max(ledger.mem, default=0))
     streamed = [i for i in sorted(weights) if not weights[i].preload and weights[i].loads]
     for target in range(2, lead + 1):
@@ -54,7 +51,7 @@ def hoist(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]], lead
                 ledger.commit(moved, -1)
                 ledger.commit(w)
     out = tuple(weights[i] for i in sorted(weights))
-    over_read = sum(max(0, -ledger.read_room(layer)) for layer in range(problem.n))
+    over_read, _ = ledger.over_capacity()
     return replace(plan, weights=out, resident_bytes=tuple(m * KIB for m in ledger.mem), m_peak=problem.m_peak,
                    over_capacity_bytes=over_read * KIB, solve_m_peak=plan.solve_m_peak or plan.m_peak,
                    read_lead=lead)

@@ -50,8 +50,7 @@ def shifted(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]]) ->
             ledger.mem[layer] += top - problem.arena_kib(layer)
     for w in weights:
         ledger.commit(w)
-    over_read = sum(max(0, -ledger.read_room(layer)) for layer in range(problem.n))
-    over_build = sum(max(0, -ledger.build_room(layer)) for layer in range(problem.n))
+    over_read, over_build = ledger.over_capacity()
     return replace(plan, weights=tuple(weights), resident_bytes=tuple(m * KIB for m in ledger.mem),
                    preload_bytes=sum(w.bytes for w in weights if w.preload), over_capacity_bytes=over_read * KIB,
                    over_build_ms=over_build / 1000)

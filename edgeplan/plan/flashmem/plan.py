@@ -120,12 +120,17 @@ class Ledger:
     def build_room(self, ell: int) -> int:
         return self.problem.capacity_build_us(ell) - self.build[ell]
 
+    def over_capacity(self) -> tuple[int, int]:
+        """KiB read and build microseconds beyond the layers' capacities, summed over the layers."""
+        layers = range(self.problem.n)
+        return (sum(max(0, -self.read_room(ell)) for ell in layers),
+                sum(max(0, -self.build_room(ell)) for ell in layers))
+
 
 def finish(problem: Problem, ledger: Ledger, weights: list[WeightPlan], windows: list[WindowStats]) -> OverlapPlan:
     """The plan record with its predicted residency and the over-capacity it accepted (``ledger``: every one
     of ``weights`` committed)."""
-    over_read = sum(max(0, -ledger.read_room(ell)) for ell in range(problem.n))
-    over_build = sum(max(0, -ledger.build_room(ell)) for ell in range(problem.n))
+    over_read, over_build = ledger.over_capacity()
     return OverlapPlan(
         objective=problem.objective, lam=problem.lam, chunk_bytes=problem.chunk_bytes, m_peak=problem.m_peak,
         window=problem.window, packed_factor=problem.packed_factor, weights=tuple(weights),
