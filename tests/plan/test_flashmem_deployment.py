@@ -107,7 +107,9 @@ def test_the_planned_segments_stream_to_the_int8_models_bits(planned):
 
 
 def test_bad_inputs_say_what_to_run(planned, tmp_path):
-    root, d, p, plan, _ = planned
+    root, d, p, plan, path = planned
+    segments = sorted((path.parent.parent / "flashmem").rglob("*.tflite"))
+    kept = [path.read_bytes(), *(f.read_bytes() for f in segments)]
     with pytest.raises(MemoryBudgetError, match=r"M_peak .* is below what layers"):
         plan_flashmem(root, "sq-solo", p, m_peak=64 * 1024)
     for key, value in (("solve_share", 0.0), ("read_lead", 0)):
@@ -115,6 +117,9 @@ def test_bad_inputs_say_what_to_run(planned, tmp_path):
         bad["flashmem"][key] = value
         with pytest.raises(PlanError, match=r"solve_share must be in \(0, 1\] and flashmem.read_lead at least 1"):
             plan_flashmem(root, "sq-solo", bad)
+    # refused before anything is written: the plan and its segments are as they were
+    assert segments and sorted((path.parent.parent / "flashmem").rglob("*.tflite")) == segments
+    assert [path.read_bytes(), *(f.read_bytes() for f in segments)] == kept
     bare = tmp_path / "sq" / "1"
     shutil.copytree(d, bare)
     shutil.rmtree(bare / "stream")
