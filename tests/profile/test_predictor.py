@@ -13,8 +13,9 @@ import pytest
 from edgeplan.errors import ProfileError
 from edgeplan.pipeline import params as params_mod
 from edgeplan.profile import cpu, fleet, run
-from edgeplan.profile.features import segment_features
-from edgeplan.profile.predictor import BASE, Predictor, additive, examples, fit_base, thread_bounds
+from edgeplan.profile.features import CONV_KINDS, segment_features
+from edgeplan.profile.predictor import (BASE, BLOCK_MIN, BLOCK_WEIGHT, BYTE_FAMILIES, Example, Predictor, additive,
+                                        blocks, examples, fit_base, thread_bounds)
 from edgeplan.quantize.tflite_graph import TfliteGraph
 
 SETTINGS = cpu.Settings(repeats=20, span_s=0.5, budget_s=2)
@@ -223,3 +224,52 @@ def test_a_predictor_file_without_its_boosters_is_refused(trained, tmp_path):
     with pytest.raises(ProfileError, match=r"its booster 0 is not an XGBoost model; retrain it"):
         Predictor.load(tmp_path / "bad.json")
     assert (tmp_path / "p.json").is_file() and Predictor.load(tmp_path / "p.json").boosters  # the good file still loads
+
+
+def _example(point: int, ms: float, counts: dict, model: str = "net", role: str = "suffix") -> Example:
+    zero = [f"macs_kind_{kind}" for kind in CONV_KINDS] + ["macs_fc"] + [f"act_{fam}" for fam in BYTE_FAMILIES]
+    features = {**{k: 0.0 for k in zero + ["avgpool_outputs", "ops", "param_bytes"]}, **counts}
+    return Example(model, point, role, 1, 2, features, ms, probe_ms=2.0)
+
+
+def test_blocks_are_what_one_segment_runs_beyond_the_next():
+    """Consecutive suffixes of one model: each pair's difference (counts and probe-unit time) is a block; a pair
+    whose smaller segment is not inside the larger, or whose difference is under BLOCK_MIN of the larger's time, is
+    not; other models, roles and thread counts are kept apart."""
+    mac = f"macs_kind_{CONV_KINDS[0]}"
+    data = [_example(1, 10.0, {mac: 1e8, "ops": 30}), _example(2, 6.0, {mac: 6e7, "ops": 20}),
+            _example(3, 5.8, {mac: 5.8e7, "ops": 19}),  # 0.2 ms of 6: under BLOCK_MIN
+            _example(4, 2.0, {mac: 2e7, "ops": 25}),  # more ops than suffix 3: not inside it
+            _example(1, 9.0, {mac: 9e7}, role="prefix"), _example(1, 4.0, {mac: 4e7}, model="other"),
+            dataclasses.replace(_example(2, 1.0, {mac: 1e7}), threads=2)]
+    rows, times = blocks(data, 1)
+    assert BLOCK_MIN == 0.1
+    assert times == [pytest.approx(2.0)]  # (10 - 6) ms at a 2 ms probe
+    assert rows == [pytest.approx(np.array(additive(data[0].features)) - np.array(additive(data[1].features)))]
+    assert blocks(data, 2) == ([], [])
+
+
+def test_a_row_weighted_zero_does_not_move_the_fit_and_blocks_enter_at_block_weight(trained):
+    rng = np.random.default_rng(4)
+    costs = np.zeros(len(BASE))
+    costs[[BASE.index("macs_1x1"), BASE.index("ops"), BASE.index("constant")]] = [2e-8, 1e-3, 0.05]
+    rows = rng.uniform(0, 1e8, (30, len(BASE)))
+    rows[:, -1] = 1.0
+    times = (rows @ costs).tolist()
+    alone = fit_base(rows.tolist(), times)
+    wrong = rows[0] * 3
+    assert fit_base(rows.tolist() + [wrong.tolist()], times + [1.0], weights=[1.0] * 30 + [0.0]) == pytest.approx(alone)
+    assert fit_base(rows.tolist() + [wrong.tolist()], times + [1.0]) != pytest.approx(alone)
+    profiles, model = trained
+    data = examples(profiles)
+    assert model.params["block_weight"] == BLOCK_WEIGHT > 0
+    none = Predictor.train(data, rounds=5, block_weight=0.0)
+    ones = [additive(e.features) for e in data if e.threads == 1]
+    assert none.base["1"] == pytest.approx(fit_base(ones, [e.ms / (e.probe_ms or 1.0) for e in data if e.threads == 1]))
+    more_rows, more_times = blocks(data, 1)
+    assert more_rows
+    assert model.base["1"] == pytest.approx(fit_base(ones + more_rows, [e.ms / (e.probe_ms or 1.0) for e in data
+                                                                        if e.threads == 1] + more_times,
+                                                     weights=[1.0] * len(ones) + [BLOCK_WEIGHT] * len(more_rows)))
+    with pytest.raises(ProfileError, match="block_weight must be at least 0"):
+        Predictor.train(data, block_weight=-1.0)
