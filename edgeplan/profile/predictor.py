@@ -238,7 +238,7 @@ class Predictor:
             raise ProfileError(f"training the latency predictor needs at least 8 measured timings, got {len(data)}")
         if not 0.0 <= tree_weight <= 1.0:
             raise ProfileError(f"the latency predictor's tree_weight must be within [0, 1], got {tree_weight}")
-        if block_weight < 0:
+        if not block_weight >= 0:  # NaN too
             raise ProfileError(f"the latency predictor's block_weight must be at least 0, got {block_weight}")
         if members < 1:
             raise ProfileError(f"the latency predictor needs at least one booster, got members={members}")

@@ -271,5 +271,6 @@ def test_a_row_weighted_zero_does_not_move_the_fit_and_blocks_enter_at_block_wei
     assert model.base["1"] == pytest.approx(fit_base(ones + more_rows, [e.ms / (e.probe_ms or 1.0) for e in data
                                                                         if e.threads == 1] + more_times,
                                                      weights=[1.0] * len(ones) + [BLOCK_WEIGHT] * len(more_rows)))
-    with pytest.raises(ProfileError, match="block_weight must be at least 0"):
-        Predictor.train(data, block_weight=-1.0)
+    for bad in (-1.0, math.nan):
+        with pytest.raises(ProfileError, match="block_weight must be at least 0"):
+            Predictor.train(data, block_weight=bad)
