@@ -19,8 +19,9 @@ Keys:
   MobileNet v1/v2/v3, EfficientNetB1, ResNet 50/101/50V2/152V2, DenseNet 121/169/201, Xception, NASNetMobile,
   InceptionResNetV2, ConvNeXtTiny; the big ones at reduced inputs, FULL_SIZES), evaluated on those of
   InceptionV3 and EfficientNetB0 (never in training) against real measurements;
-  predictor_mape_heldout_by_threads per thread count; beside them the suffix-only figure (what the pipeline predicts) and per model. predictor_loao_median: each training architecture predicted by the
-  predictor trained on the others (MAPE), the median over them.
+  predictor_mape_heldout_by_threads per thread count; beside them the suffix-only figure (what the pipeline
+  predicts) and per model. predictor_loao_median: each training architecture predicted by the predictor trained
+  on the others (MAPE), the median over them.
 - predicted_plan_regret: the held-out pair deployed together (InceptionV3 + EfficientNetB0, the class's cores,
   rates scaled so that the measured-profile plan's busiest resource is at 0.3, 0.5 and 0.7): SwapLess planned
   (exact search) from the profiles with every suffix's one-thread time predicted, and from the measured
