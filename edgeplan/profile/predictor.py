@@ -138,12 +138,11 @@ def blocks(data: list[Example], threads: int) -> tuple[list[list[float]], list[f
     for run in runs.values():
         run.sort(key=lambda e: e.point)
         for a, b in zip(run, run[1:]):
-            (big, ta), (small, tb) = sorted(((a, a.ms / (a.probe_ms or 1.0)), (b, b.ms / (b.probe_ms or 1.0))),
-                                            key=lambda pair: -pair[1])
+            big, small = (a, b) if a.units >= b.units else (b, a)
             d = np.array(additive(big.features)) - np.array(additive(small.features))
-            if ta - tb >= BLOCK_MIN * ta and (d >= -1e-9).all():
+            if big.units - small.units >= BLOCK_MIN * big.units and (d >= -1e-9).all():
                 rows.append([max(0.0, float(v)) for v in d])
-                times.append(ta - tb)
+                times.append(big.units - small.units)
     return rows, times
 
 
@@ -190,6 +189,11 @@ class Example:
     features: dict
     ms: float
     probe_ms: float | None = None  # the speed probe at the speed ``ms`` is expressed at (raw probe x scale)
+
+    @property
+    def units(self) -> float:
+        """Its time in probe units (``ms`` when there is no probe): what the base is fitted on."""
+        return self.ms / (self.probe_ms or 1.0)
 
 
 def examples(profiles: list[Profile], cores: int | None = None) -> list[Example]:
@@ -251,7 +255,7 @@ class Predictor:
         base = {}
         for n in counts:
             rows = [additive(e.features) for e in data if e.threads == n]
-            times = [e.ms / (e.probe_ms or 1.0) for e in data if e.threads == n]
+            times = [e.units for e in data if e.threads == n]
             weights = [1.0] * len(rows)
             if block_weight > 0:
                 more_rows, more_times = blocks(data, n)
@@ -261,7 +265,7 @@ class Predictor:
                 bounds = thread_bounds(base[str(ref)], ref, n, probes[str(ref)] / probes[str(n)] if probes else 1.0)
             base[str(n)] = fit_base(rows, times, bounds, weights)
         x = np.array([vector(e.features, e.threads, e.cores) for e in data])
-        y = np.array([math.log(e.ms / (e.probe_ms or 1.0) / base_time(base, e.features, e.threads)) for e in data])
+        y = np.array([math.log(e.units / base_time(base, e.features, e.threads)) for e in data])
         params = {"objective": "reg:squarederror", "eta": 0.05, "max_depth": 3, "subsample": 0.8,
                   "colsample_bytree": 0.5, "min_child_weight": 5, "lambda": 1.0, "seed": seed, "nthread": 1,
                   **overrides}
