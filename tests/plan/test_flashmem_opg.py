@@ -118,6 +118,18 @@ def test_one_window_matches_the_brute_force_optimum(p):
     assert got.objective == pytest.approx(want, abs=1e-6)  # the solver's units are KiB: the same number
 
 
+def test_a_build_that_costs_nothing_is_placed_just_before_its_layer():
+    """Its y is fixed at the last load layer (an earlier build only holds its packed bytes longer); the brute-force
+    test above checks that fixing it loses no optimum (its problems draw build costs of 0 and 1 ms)."""
+    layers = tuple(Layer(f"l{i}", 0, 1.0, "elemental", 1, 0.0) for i in range(3)) + (
+        Layer("l3", 2 * S, 1.0, "reusable", 0, 0.0, build_ms=0.0),)
+    p = Problem(layers, S, m_peak=64 * 1024, lam=0.9, objective="resident", window=4, lookback=3)
+    got = opg.solve(p, Ledger(p), [3])
+    assert got.status == "OPTIMAL"
+    (w,) = got.weights
+    assert not w.preload and w.build_layer == 2 and w.loads == (Load(1, 1), Load(2, 1))
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(problems(max_layers=6, below=2))
 def test_every_plan_keeps_m_peak_and_reports_what_it_exceeds(p):
