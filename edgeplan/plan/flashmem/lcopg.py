@@ -8,8 +8,7 @@ committed (their reads, builds and resident bytes) and may read into the layers 
   incremental-preload  — the window's largest weights that fit the memory headroom are fixed in W and the
                          soft model solved again, smaller, when the soft one found nothing in time;
   greedy-latest-fit    — ``greedy.place``, when no solve produced a plan.
-Every solve but the strict ``resident`` one starts from greedy latest-fit's placement of the window as a hint
-(CP-SAT repairs or improves it).
+Every solve starts from greedy latest-fit's placement of the window as a hint (CP-SAT repairs or improves it).
 Each window records the tier, why, and the solver's status, objective, bound, gap and seconds.
 """
 from __future__ import annotations
@@ -61,10 +60,7 @@ def _window(problem: Problem, ledger: Ledger, ws: list[int], first: int, last: i
 
     spent = 0.0
     guess = greedy.place(problem, ledger, ws)
-    # the strict `resident` model starts without the hint: CP-SAT follows a hint's values in its search, and from
-    # greedy's placement it proves optimality later (GPT-Neo-1.3B, one window: 15.6-16.6 s with it, 8.2-10.2 s
-    # without; 125M 2.0 s / 1.1 s); the `paper` windows need it (1.3B's: 1.3-5.9 s with it, 2.1-10.1 s without)
-    strict = opg.solve(problem, ledger, ws, hint=guess if problem.objective == "paper" else ())
+    strict = opg.solve(problem, ledger, ws, hint=guess)
     spent += strict.seconds
     if strict.solved:
         why = "C0-C3 hold" if strict.status == "OPTIMAL" else f"time limit: feasible, gap {strict.gap:.3f}"
