@@ -52,8 +52,12 @@ def _one(problem: Problem, book: Ledger, i: int) -> WeightPlan:
     def headroom(ell: int) -> int:  # KiB that can stay resident from layer ell until layer i
         return min(book.mem_room(k) for k in range(ell, i + 1))
 
+    # a build that costs nothing goes where the solver fixes it (``opg``): the last layer whose headroom holds it,
+    # even one already over its build shadow, so this placement stays a feasible hint
+    free = not problem.build_us(i)
     build = next((ell for ell in reversed(loads)
-                  if book.build_room(ell) >= problem.build_us(i) and headroom(ell) >= pk + t * ck), loads[-1])
+                  if (free or book.build_room(ell) >= problem.build_us(i)) and headroom(ell) >= pk + t * ck),
+                 loads[-1])
     if headroom(build) < pk + t * ck:
         return preload
     taken: dict[int, int] = {}
