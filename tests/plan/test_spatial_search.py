@@ -241,3 +241,19 @@ def test_bad_input_is_refused_with_one_line():
     with pytest.raises(PlanError, match="slope"):
         fit_speed([1e6, 2e6, 3e6], [3.0, 2.0, 1.0])
     assert math.isfinite(search.search_network(_chain([(8, 3)]), devices[:2], 1.0).score)
+
+
+def test_the_speed_fit_is_made_within_each_conv():
+    """A small conv dear per MAC beside a large cheap one: one line through all the points falls; within each conv
+    the time grows with its rows, and that slope (each conv its own intercept) is the speed."""
+    macs = [1e5, 2e5, 3e5, 4e5, 1e6, 2e6, 3e6, 4e6]
+    seconds = [20e-6 + 1e-10 * m for m in macs[:4]] + [2e-6 + 1e-12 * m for m in macs[4:]]
+    with pytest.raises(PlanError, match="slope"):
+        fit_speed(macs, seconds)
+    slope, per_layer = fit_speed(macs, seconds, [0] * 4 + [1] * 4)
+    # the pooled within-conv slope: weighted by each conv's spread of MACs, so the large conv's dominates
+    dm = np.array([m - 2.5e5 for m in macs[:4]] + [m - 2.5e6 for m in macs[4:]])
+    assert slope == pytest.approx((dm[:4] @ dm[:4] * 1e-10 + dm[4:] @ dm[4:] * 1e-12) / (dm @ dm))
+    assert per_layer == pytest.approx(np.median([20e-6 + (1e-10 - slope) * 2.5e5, 2e-6 + (1e-12 - slope) * 2.5e6]))
+    with pytest.raises(PlanError, match="two or more row counts"):
+        fit_speed([1e5, 2e6], [1e-5, 2e-5], [0, 1])

@@ -48,12 +48,27 @@ class Device:
             raise PlanError(f"device {self.name!r}: speed and bandwidth must be positive (got {self})")
 
 
-def fit_speed(macs: np.ndarray, seconds: np.ndarray) -> tuple[float, float]:
-    """Seconds per MAC and per layer: a least-squares line through measured (MACs, seconds) of conv layers."""
+def fit_speed(macs: np.ndarray, seconds: np.ndarray, layers=None) -> tuple[float, float]:
+    """Seconds per MAC and per layer: a least-squares line through measured (MACs, seconds) of conv layers. With
+    ``layers`` (which conv each point was measured on: each at several row counts) the slope is fitted within
+    each conv, every conv with its own intercept, and the per-layer seconds are the median of those intercepts:
+    a partition changes a conv's rows, not which conv it is, and convs differ in seconds per MAC by their shapes
+    (tiny_cnn's 3-channel first conv costs ~10x per MAC what its later ones do, which tilted one line through all
+    the points negative on one host)."""
     macs, seconds = np.asarray(macs, float), np.asarray(seconds, float)
     if macs.size < 2 or np.ptp(macs) == 0:
         raise PlanError(f"a speed fit needs layers of at least two sizes (got {macs.size} layer times)")
-    slope, intercept = np.polyfit(macs, seconds, 1)
+    if layers is None:
+        slope, intercept = np.polyfit(macs, seconds, 1)
+    else:
+        keys = np.asarray(layers)
+        groups = [keys == k for k in dict.fromkeys(keys.tolist())]
+        dm = np.concatenate([macs[g] - macs[g].mean() for g in groups])
+        ds = np.concatenate([seconds[g] - seconds[g].mean() for g in groups])
+        if not dm.any():
+            raise PlanError("a speed fit needs a conv measured at two or more row counts")
+        slope = float(dm @ ds / (dm @ dm))
+        intercept = float(np.median([seconds[g].mean() - slope * macs[g].mean() for g in groups]))
     if slope <= 0:
         raise PlanError(f"measured layer times do not grow with MACs (slope {slope:.3g} s/MAC): re-profile")
     return float(slope), float(max(intercept, 0.0))

@@ -2,7 +2,8 @@
 
 Each convolution of the int8 model is cut out as a one-op model and timed on one thread at a quarter, half,
 three quarters and all of its input rows — the sizes a partition gives it — each the mean over half a second of
-back-to-back invokes after a warm-up; the fit is a least-squares line of seconds on MACs. (Five AlexNet convs at
+back-to-back invokes after a warm-up; the fit is a least-squares slope of seconds on MACs within each conv
+(each its own intercept; the per-layer seconds the median intercept: ``cost.fit_speed``). (Five AlexNet convs at
 full size alone gave a fit whose slope came out negative under a 0.22 quota.) Run it on the device — or, for an
 emulated one, inside its CPU cgroup: the quota is a cap, and what a rank gets under it is measured, never read
 off it.
@@ -40,9 +41,9 @@ def mean_s(data: bytes, window_s: float = 0.5, rows: int | None = None) -> tuple
     return (time.perf_counter() - t0) / n, int(it.get_output_details()[0]["shape"][1])
 
 
-def conv_times(tflite: bytes, window_s: float = 0.5) -> list[tuple[int, float]]:
-    """(MACs, seconds) of every convolution of the int8 model at each fraction of its input rows, run alone on
-    one thread."""
+def conv_times(tflite: bytes, window_s: float = 0.5) -> list[tuple[int, int, float]]:
+    """(conv op index, MACs, seconds) of every convolution of the int8 model at each fraction of its input rows,
+    run alone on one thread."""
     graph = TfliteGraph(tflite)
     out = []
     for op in graph.ops:
@@ -53,14 +54,15 @@ def conv_times(tflite: bytes, window_s: float = 0.5) -> list[tuple[int, float]]:
         full_rows = graph.tensors[op.outputs[0]].shape[1]
         for rows in sorted({max(round(height * f), 1) for f in FRACTIONS}):
             seconds, out_rows = mean_s(data, window_s, rows)
-            out.append((graph.op_macs[op.index] * out_rows // full_rows, seconds))
+            out.append((op.index, graph.op_macs[op.index] * out_rows // full_rows, seconds))
     return out
 
 
 def fitted(tflite: bytes, window_s: float = 0.5) -> dict:
     """The fit and the points it was made from (JSON-ready)."""
-    points = conv_times(tflite, window_s)
-    s_per_mac, s_per_layer = fit_speed([m for m, _ in points], [s for _, s in points])
+    timed = conv_times(tflite, window_s)
+    points = [(m, s) for _, m, s in timed]
+    s_per_mac, s_per_layer = fit_speed([m for m, _ in points], [s for _, s in points], [k for k, _, _ in timed])
     return {"s_per_mac": s_per_mac, "s_per_layer": s_per_layer, "points": points}
 
 
