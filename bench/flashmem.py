@@ -25,8 +25,13 @@ Keys (ratios and errors are fractions):
   from the request's start and built as soon as read, no plan and no budget — what this runtime does at best for
   time, beside the plan's figures (not a target).
 - no_lead_latency_ratio / no_lead_peak_ratio: geometric means of the same model planned without the read lead
-  (``flashmem.solve_share`` 1, ``read_lead`` 1: the solver's placement as the runtime carries it out) / preload,
-  measured in the same interleaved rounds as the plan: what the lead changes (not a target).
+  (``flashmem.solve_share`` 1, ``read_lead`` 1: the solver's placement as the runtime carries it out; every
+  segment on XNNPACK) / preload, measured in the same interleaved rounds as the plan (not a target).
+- xnnpack_only_latency_ratio / xnnpack_only_peak_ratio: the same plan with every segment on XNNPACK
+  (``flashmem.segment_kernels`` xnnpack; the plan's own picks the reference kernels for a segment where they
+  measured faster — VGG19's fully-connected parts, whose packing costs more than running them) / preload, in the
+  same rounds: the plan/preload figures as they were before the kernel choice, beside the headline (not a target);
+  each model's ``always_next_over_xnnpack_only`` likewise, and ``unpacked_segments``.
 - fifo_peak_ratio: the four models FIFO, ``--fifo-iterations`` rounds each, peak plan / preload. [Fig. 6]
 - tradeoff: ResNet50V2 re-planned over M_peak and lambda, each measured (peak, time). [Fig. 8]
 - solver: LC-OPG on real layer lists — DenseNet201's streaming layers (measured capacities) and GPT-Neo
@@ -73,6 +78,7 @@ EDGEPLAN = [sys.executable, "-m", "edgeplan.cli"]
 MODELS = {"ResNet50V2": "resnet50v2_224", "DenseNet201": "densenet201_224", "InceptionV3": "inceptionv3_299",
           "VGG19": "vgg19_224"}
 MODES = ("preload", "plan", "always-next", "same-op-type", "eager")
+XNNPACK_ONLY = "plan-xnnpack"  # the same plan with every segment on XNNPACK (flashmem.segment_kernels xnnpack)
 NO_LEAD = "plan-no-lead"  # the solver's placement as it was before the read lead (solve_share 1, read_lead 1)
 READ_FLOOR = "read-floor"  # the segments read cold and hashed, nothing else: a streamed request's floor here
 CLASS = "coral-usb-emulated"  # its CPU is measured here; nothing of its (emulated) Edge TPU enters
@@ -170,8 +176,7 @@ def read_floor(spec: dict) -> dict:
     (m,) = spec["models"]
     (mp,) = FlashMemPlan.load(Path(m["plan"])).models
     base = Path(m["plan"]).parent.parent
-    segs = [stream.Segment(base / s.file, s.sha256, s.size, s.op, s.first_layer, s.last_layer, s.inputs)
-            for s in mp.segments]
+    segs = [stream.segment_of(base, s) for s in mp.segments]
     streamer = stream.Streamer(segs, stream.schedule(segs, "serial"), lambda data: None)
     fifo.drop_cache([s.path for s in segs])
     return {"peak_bytes": 0, "requests": [{"ms": streamer.read_only() * 1e3, "stall_ms": 0.0}]}
@@ -199,8 +204,7 @@ def child(spec: dict) -> dict:
         fp = FlashMemPlan.load(Path(m["plan"]))
         (mp,) = fp.models
         base = Path(m["plan"]).parent.parent
-        segs = [stream.Segment(base / s.file, s.sha256, s.size, s.op, s.first_layer, s.last_layer, s.inputs)
-                for s in mp.segments]
+        segs = [stream.segment_of(base, s) for s in mp.segments]
         jobs[m["name"]] = fifo.streamed_job(segs, spec["mode"], mp.plan, x, interp)
     names = [m["name"] for m in spec["models"]]
     res = fifo.measure(jobs, names, spec["iterations"], spec["mode"], cold=True)
@@ -269,8 +273,7 @@ def identical(d: Path, plan_path: Path) -> dict[str, bool]:
 
     (mp,) = FlashMemPlan.load(plan_path).models
     base = plan_path.parent.parent
-    segs = [stream.Segment(base / s.file, s.sha256, s.size, s.op, s.first_layer, s.last_layer, s.inputs)
-            for s in mp.segments]
+    segs = [stream.segment_of(base, s) for s in mp.segments]
     g = TfliteGraph((d / "model_int8.tflite").read_bytes())
     x = {g.tensors[g.inputs[0]].name: np.load(model_input(d))}
     interp = partial(litert.interpreter, deterministic=False)
@@ -484,20 +487,23 @@ def main() -> int:
         m_peak, footprint = budget(d, settings, args.share)
         fp, path, seconds = plan(args.work, f"bench-{d.parent.name}", d.parent.name, m_peak)
         _, bare, _ = plan(args.work, f"bench-no-lead-{d.parent.name}", d.parent.name, m_peak, solve_share=1.0,
-                          read_lead=1)
-        plans[name] = (fp, path, bare)
+                          read_lead=1, segment_kernels="xnnpack")
+        _, packed, _ = plan(args.work, f"bench-xnnpack-{d.parent.name}", d.parent.name, m_peak,
+                            segment_kernels="xnnpack")
+        plans[name] = (fp, path, bare, packed)
         log(f"{name}: planned at M_peak {m_peak / 2**20:.1f} MiB in {seconds:.1f} s")
     if "models" in parts:
         per_model = {}
         for name, d in dirs.items():
-            fp, path, bare = plans[name]
+            fp, path, bare, packed = plans[name]
             (mp,) = fp.models
-            log(f"{name}: measuring {', '.join(MODES)}, {NO_LEAD}")
+            log(f"{name}: measuring {', '.join(MODES)}, {NO_LEAD}, {XNNPACK_ONLY}")
             configs = {mode: {"mode": mode, "iterations": args.iterations, "models": [entry(d, path)]}
                        for mode in (*MODES, READ_FLOOR)}
             configs[NO_LEAD] = {"mode": "plan", "iterations": args.iterations, "models": [entry(d, bare)]}
+            configs[XNNPACK_ONLY] = {"mode": "plan", "iterations": args.iterations, "models": [entry(d, packed)]}
             runs = measure_configs(configs, args.rounds, seed=len(per_model))
-            s = {mode: summary(runs[mode]) for mode in (*MODES, NO_LEAD)}
+            s = {mode: summary(runs[mode]) for mode in (*MODES, NO_LEAD, XNNPACK_ONLY)}
             floor = summary(runs[READ_FLOOR])["ms"]
             pre = s["preload"]
             per_model[name] = {
@@ -505,6 +511,7 @@ def main() -> int:
                 "predicted_peak_bytes": mp.plan.peak_resident_bytes, "predicted_preload_bytes": mp.preload_peak_bytes,
                 "predicted_from": mp.footprint, "solve_m_peak_bytes": mp.plan.solve_m_peak or fp.m_peak,
                 "read_lead": mp.plan.read_lead, "modes": s,
+                "unpacked_segments": sum(seg.kernels == "unpacked" for seg in mp.segments),
                 "peak_rss_ratio": s["plan"]["peak_bytes"] / pre["peak_bytes"],
                 "integrated_latency_ratio": s["plan"]["ms"] / pre["ms"],
                 "always_next_over_plan": s["always-next"]["ms"] / s["plan"]["ms"],
@@ -516,7 +523,12 @@ def main() -> int:
                 "always_next_peak_over_plan": s["always-next"]["peak_bytes"] / s["plan"]["peak_bytes"],
                 "eager_latency_ratio": s["eager"]["ms"] / pre["ms"],
                 "eager_peak_ratio": s["eager"]["peak_bytes"] / pre["peak_bytes"],
-                # the read lead's effect, in the same interleaved rounds: the solver's placement as it was
+                # the kernel choice's effect, in the same rounds: the same plan with every segment on XNNPACK
+                "xnnpack_only_latency_ratio": s[XNNPACK_ONLY]["ms"] / pre["ms"],
+                "xnnpack_only_peak_ratio": s[XNNPACK_ONLY]["peak_bytes"] / pre["peak_bytes"],
+                "always_next_over_xnnpack_only": s["always-next"]["ms"] / s[XNNPACK_ONLY]["ms"],
+                # the read lead's effect, in the same interleaved rounds: the solver's placement as it was (all
+                # XNNPACK, as before the kernel choice)
                 "no_lead_latency_ratio": s[NO_LEAD]["ms"] / pre["ms"],
                 "no_lead_peak_ratio": s[NO_LEAD]["peak_bytes"] / pre["peak_bytes"],
                 "rss_prediction_error": abs(mp.plan.peak_resident_bytes - s["plan"]["peak_bytes"])
@@ -538,6 +550,9 @@ def main() -> int:
             result["eager_latency_ratio"] = geomean([m["eager_latency_ratio"] for m in per_model.values()])
             result["eager_peak_ratio"] = geomean([m["eager_peak_ratio"] for m in per_model.values()])
             result["no_lead_latency_ratio"] = geomean([m["no_lead_latency_ratio"] for m in per_model.values()])
+            result["xnnpack_only_latency_ratio"] = geomean([m["xnnpack_only_latency_ratio"]
+                                                            for m in per_model.values()])
+            result["xnnpack_only_peak_ratio"] = geomean([m["xnnpack_only_peak_ratio"] for m in per_model.values()])
             result["no_lead_peak_ratio"] = geomean([m["no_lead_peak_ratio"] for m in per_model.values()])
             vgg = per_model.get("VGG19")
             result["always_next_over_plan"] = {"value": vgg["always_next_over_plan"] if vgg else None,
@@ -616,7 +631,7 @@ def plot(result: dict, path: Path) -> None:
 
 def _bars(ax, models: dict, value, ylabel: str, title: str) -> None:
     names = list(models)
-    modes = [m for m in (*MODES, NO_LEAD) if all(m in models[n]["modes"] for n in names)]
+    modes = [m for m in (*MODES, NO_LEAD, XNNPACK_ONLY) if all(m in models[n]["modes"] for n in names)]
     width = 0.8 / max(1, len(modes))
     for k, mode in enumerate(modes):
         ax.bar([i + k * width for i in range(len(names))], [value(models[n]["modes"][mode]) for n in names], width,

@@ -608,8 +608,9 @@ def cmd_plan_flashmem(args, params) -> int:
         console.print(t)
         streamed = sum(1 for w in p.weights if not w.preload)
         console.print(f"{len(p.weights)} weights: {streamed} streamed, {len(p.weights) - streamed} preloaded "
-                      f"({p.preload_bytes / 1e6:.2f} MB); {len(m.segments)} segments; predicted peak of weights "
-                      f"{p.peak_resident_bytes / 1e6:.2f} MB vs {m.preload_peak_bytes / 1e6:.2f} MB all preloaded "
+                      f"({p.preload_bytes / 1e6:.2f} MB); {len(m.segments)} segments "
+                      f"({sum(s.kernels == 'unpacked' for s in m.segments)} on unpacked kernels); predicted peak of "
+                      f"weights {p.peak_resident_bytes / 1e6:.2f} MB vs {m.preload_peak_bytes / 1e6:.2f} MB all preloaded "
                       "(the plan's arithmetic: activations and arenas come on top, the runtime measures RSS)"
                       + (f"; beyond the layers' load capacity: {p.over_capacity_bytes / 1e6:.2f} MB read (the reads "
                          f"given lead included), {p.over_build_ms:.1f} ms of builds"

@@ -132,15 +132,21 @@ class _Pressure:
             os.close(fd)
 
 
-def build_kept(model: bytes) -> tuple[object, float, int]:
-    """``model`` built on one thread, its tensors allocated: (the interpreter, build ms, bytes the build added to
-    the resident set). The caller keeps the interpreter, so that the next build's delta is that build's own."""
+def build_kept(model: bytes, unpacked: bool = False) -> tuple[object, float, int]:
+    """``model`` built on one thread (XNNPACK, or ``unpacked``: LiteRT's reference kernels), its tensors
+    allocated: (the interpreter, build ms, bytes the build added to the resident set). The caller keeps the
+    interpreter, so that the next build's delta is that build's own."""
     from ai_edge_litert.interpreter import Interpreter
+
+    from edgeplan.quantize import litert
 
     r0 = rss()
     t0 = time.perf_counter()
-    it = Interpreter(model_content=model, num_threads=1)
-    it.allocate_tensors()
+    if unpacked:
+        it = litert.unpacked(model)
+    else:
+        it = Interpreter(model_content=model, num_threads=1)
+        it.allocate_tensors()
     ms = (time.perf_counter() - t0) * 1e3
     return it, ms, max(0, rss() - r0)
 

@@ -13,8 +13,12 @@ layers (``capacity.measure``): in a fresh process that imports only LiteRT and n
 streaming runtime sets it, a first interpreter built before any is measured, every segment kept once built.
 The device class's load capacity was measured on this host too (``plan_flashmem`` refuses a class without it).
 
+A segment whose XNNPACK build takes longer than its first invoke (packing its weights costs more than running
+them: VGG19's fully-connected parts) is measured built on LiteRT's reference kernels too (``litert.unpacked``),
+which pack nothing; ``plan_flashmem`` picks the kernels per segment from the two.
+
 ``python -m edgeplan.profile.footprint``: segment paths as a JSON list on stdin, ``{"segments": [[built,
-arena, build ms, first invoke ms], ...], "read_mb_s": rate}`` on stdout.
+arena, build ms, first invoke ms], ...], "unpacked": [the same or null, ...], "read_mb_s": rate}`` on stdout.
 """
 from __future__ import annotations
 
@@ -31,11 +35,13 @@ TIMEOUT_S = 600
 
 @dataclass(frozen=True)
 class Held:
-    """What ``measure`` found: per segment (built bytes, arena bytes, build ms, first invoke ms), and the cold
-    read rate."""
+    """What ``measure`` found: per segment (built bytes, arena bytes, build ms, first invoke ms), the same built
+    on unpacked kernels (None: not measured, its XNNPACK build no longer than its invoke), and the cold read
+    rate."""
 
     segments: list[tuple[int, int, float, float]]
     read_mb_s: float
+    unpacked: list[tuple[int, int, float, float] | None] | None = None
 
 
 def measure(paths: list[Path]) -> Held:
@@ -53,12 +59,16 @@ def measure(paths: list[Path]) -> Held:
         raise ProfileError(f"measuring the built segments failed (exit {res.returncode}): {tail}")
     try:
         out = json.loads(res.stdout.strip().splitlines()[-1])
-        held = Held([(int(built), int(arena), float(ms), float(run)) for built, arena, ms, run in out["segments"]],
-                    float(out["read_mb_s"]))
+        def figures(four) -> tuple[int, int, float, float]:
+            built, arena, ms, run = four
+            return int(built), int(arena), float(ms), float(run)
+
+        held = Held([figures(x) for x in out["segments"]], float(out["read_mb_s"]),
+                    [None if u is None else figures(u) for u in out["unpacked"]])
     except (ValueError, TypeError, IndexError, KeyError, AttributeError):
         raise ProfileError("measuring the built segments: the measuring process answered no list of segments "
                            "and rate") from None
-    if len(held.segments) != len(paths):
+    if len(held.segments) != len(paths) or len(held.unpacked) != len(paths):
         raise ProfileError(f"measuring the built segments: {len(held.segments)} answers for {len(paths)} segments")
     if not held.read_mb_s > 0:
         raise ProfileError(f"measuring the built segments: a read rate of {held.read_mb_s} MB/s")
@@ -74,18 +84,23 @@ def _measure_here(paths: list[str]) -> dict:
 
     stream.return_freed_memory()
     blobs = [Path(p).read_bytes() for p in paths]
-    kept, out = [build_kept(blobs[0])[0]], []  # first: the one-time costs of a first build
+    kept, out, alt = [build_kept(blobs[0])[0], build_kept(blobs[0], unpacked=True)[0]], [], []  # one-time costs
     for blob in blobs:
         it, ms, added = build_kept(blob)
         out.append((added, arena_bytes(it), round(ms, 3), round(_first_invoke_ms(it), 3)))
         kept.append(it)
+        alt.append(None)
+        if out[-1][2] > out[-1][3]:  # packing costs more than running: try the kernels that pack nothing
+            it, ms, added = build_kept(blob, unpacked=True)
+            alt[-1] = (added, arena_bytes(it), round(ms, 3), round(_first_invoke_ms(it), 3))
+            kept.append(it)
     segs = [stream.Segment(Path(p), hashlib.sha256(b).hexdigest(), len(b), "", k, k)
             for k, (p, b) in enumerate(zip(paths, blobs))]
     del kept, blobs
     readers = stream.Streamer(segs, stream.schedule(segs, "serial"), lambda data: None)
     drop_cache([s.path for s in segs])
     seconds = readers.read_only()
-    return {"segments": out, "read_mb_s": sum(s.size for s in segs) / 1e6 / seconds}
+    return {"segments": out, "unpacked": alt, "read_mb_s": sum(s.size for s in segs) / 1e6 / seconds}
 
 
 def _first_invoke_ms(it) -> float:

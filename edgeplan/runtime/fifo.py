@@ -107,9 +107,10 @@ def preload_job(whole: Path, sha256: str, x: np.ndarray, interp: Callable[[bytes
 
 
 def streamed_job(segs: list[stream.Segment], mode: str, plan, x: np.ndarray,
-                 interp: Callable[[bytes], object]) -> Job:
-    """The model streamed in ``mode`` (``plan``: its overlap plan's reads and builds)."""
-    streamer = stream.Streamer(segs, stream.schedule(segs, mode, plan), interp, mode)
+                 interp: Callable[[bytes], object], unpacked: Callable[[bytes], object] | None = None) -> Job:
+    """The model streamed in ``mode`` (``plan``: its overlap plan's reads and builds); ``unpacked`` builds the
+    segments planned with unpacked kernels (``stream.Streamer``)."""
+    streamer = stream.Streamer(segs, stream.schedule(segs, mode, plan), interp, mode, unpacked=unpacked)
     key = segs[0].inputs[0]
     return Job(lambda: streamer.run({key: x})[1].stall_ms, tuple(s.path for s in segs))
 
@@ -142,7 +143,8 @@ def revision_jobs(rev_dir: Path, manifest, models: list[str], mode: str, determi
             raise EdgeplanError(f"{name} has no FlashMem plan in revision {manifest.revision}: stream modes need "
                                 "one (`edgeplan plan flashmem`); --stream-mode preload runs it whole")
         m, segs = plans[name]
-        out[name] = streamed_job(segs, mode, m.plan, x, interp)
+        # deterministic: one kernel set for every segment, as the expected outputs were made
+        out[name] = streamed_job(segs, mode, m.plan, x, interp, interp if deterministic else None)
     return out
 
 

@@ -381,8 +381,8 @@ def _check_streamed(rev_dir: Path, manifest: Manifest, where: str) -> None:
     entries = {e.name: e for e in manifest.models}
     for name, (m, segs) in stream.load_plans(rev_dir, manifest).items():
         entry = entries[name]
-        streamer = stream.Streamer(segs, stream.schedule(segs, "plan", m.plan),
-                                   partial(litert.interpreter, deterministic=True))
+        same = partial(litert.interpreter, deterministic=True)  # the kernels the expected outputs were made with
+        streamer = stream.Streamer(segs, stream.schedule(segs, "plan", m.plan), same, unpacked=same)
         first = segs[0].inputs
         for t in entry.selftests:
             x = quantize_input(np.load(rev_dir / t.input, allow_pickle=False), entry.input)

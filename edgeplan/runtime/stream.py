@@ -31,6 +31,9 @@ from edgeplan.errors import EdgeplanError
 from edgeplan.plan.flashmem.plan import OverlapPlan, run_loads
 
 MODES = ("serial", "always-next", "same-op-type", "eager", "plan")
+# how a segment is built (its plan's ``StreamSegment.kernels``): XNNPACK, packing its weights at build (LiteRT's
+# default), or LiteRT's reference kernels, which read them where they lie (``litert.unpacked``)
+KERNELS = ("xnnpack", "unpacked")
 SWITCH_INTERVAL_S = 0.001
 READERS = 2  # reader threads (``Streamer(readers=)``): 1 reads the planned pieces strictly one after another
 
@@ -50,6 +53,19 @@ class Segment:
     first_layer: int
     last_layer: int
     inputs: tuple[str, ...] = ()  # the activations it reads (boundary tensor names)
+    kernels: str = "xnnpack"  # one of KERNELS
+
+
+def segment_of(base: Path, s) -> Segment:
+    """The runtime's view of a plan's ``StreamSegment`` ``s`` whose file is relative to ``base``."""
+    return Segment(Path(base) / s.file, s.sha256, s.size, s.op, s.first_layer, s.last_layer, tuple(s.inputs),
+                   s.kernels)
+
+
+def _unpacked(blob: bytes):
+    from edgeplan.quantize import litert
+
+    return litert.unpacked(blob)
 
 
 @dataclass(frozen=True)
@@ -249,10 +265,13 @@ def _bytes_buffer(n: int) -> tuple[bytes, memoryview]:
 
 class Streamer:
     """Runs ``segments`` on one request as ``steps`` say; ``interpreter(bytes)`` builds an allocated
-    interpreter (the caller picks kernels and threads). Sets ``return_freed_memory`` for the process."""
+    interpreter (the caller picks kernels and threads), ``unpacked(bytes)`` a segment planned with ``unpacked``
+    kernels (default: LiteRT's reference kernels; a caller that checks outputs bit for bit against one kernel set
+    passes its ``interpreter`` again). Sets ``return_freed_memory`` for the process."""
 
     def __init__(self, segments: list[Segment], steps: list[Step], interpreter: Callable[[bytes], object],
-                 mode: str = "plan", readers: int | None = None):
+                 mode: str = "plan", readers: int | None = None,
+                 unpacked: Callable[[bytes], object] | None = None):
         if len(segments) != len(steps):
             raise StreamError(f"{len(steps)} loader steps for {len(segments)} segments")
         self.readers = READERS if readers is None else readers
@@ -265,6 +284,7 @@ class Streamer:
         # allocator setting.
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self.segments, self.steps, self.interpreter, self.mode = segments, steps, interpreter, mode
+        self.unpacked = unpacked or _unpacked
         self._ports: dict[int, Ports] = {}  # segment -> its tensors, from its first build (checked bytes)
         self._pieces = pieces(steps)
 
@@ -492,7 +512,7 @@ class Streamer:
 
     def _build(self, k: int, data: bytes, entry: SegmentLog, at: int):
         t = time.perf_counter()
-        it = self.interpreter(data)
+        it = (self.unpacked if self.segments[k].kernels == "unpacked" else self.interpreter)(data)
         entry.build_ms = (time.perf_counter() - t) * 1000
         entry.built_at = at
         return it
@@ -527,7 +547,11 @@ def load_plans(rev_dir: Path, manifest) -> dict:
             if ref is None or ref.sha256 != s.sha256 or ref.size != s.size:
                 raise BundleVerificationError(f"{where}: {m.name} segment {k} ({s.file}) is not a blob of this "
                                               "revision with the hash and size the plan names; refused")
-            segs.append(Segment(Path(rev_dir) / blob, s.sha256, s.size, s.op, s.first_layer, s.last_layer, s.inputs))
+            if s.kernels not in KERNELS:
+                raise BundleVerificationError(f"{where}: {m.name} segment {k} ({s.file}) names kernels "
+                                              f"{s.kernels!r}, not one of {', '.join(KERNELS)}; refused")
+            segs.append(Segment(Path(rev_dir) / blob, s.sha256, s.size, s.op, s.first_layer, s.last_layer, s.inputs,
+                                s.kernels))
         if [w.layer for w in m.plan.weights] != sorted({w.layer for w in m.plan.weights}) or any(
                 not 0 <= s.first_layer <= s.last_layer for s in segs):
             raise BundleVerificationError(f"{where}: {m.name}'s plan is not ordered by layer; refused")

@@ -3,6 +3,7 @@ segments cut; the planned segments, streamed by the runtime, give the int8 model
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import shutil
 from functools import partial
@@ -94,8 +95,7 @@ def test_the_planned_segments_stream_to_the_int8_models_bits(planned):
     root, d, _, plan, _ = planned
     (m,) = plan.models
     base = root / "deployments" / "sq-solo"
-    segs = [stream.Segment(base / s.file, s.sha256, s.size, s.op, s.first_layer, s.last_layer, s.inputs)
-            for s in m.segments]
+    segs = [stream.segment_of(base, s) for s in m.segments]
     g = TfliteGraph((d / "model_int8.tflite").read_bytes())
     rng = np.random.default_rng(11)
     x = {g.tensors[i].name: rng.integers(-128, 128, g.tensors[i].shape, dtype=np.int8) for i in g.inputs}
@@ -104,6 +104,41 @@ def test_the_planned_segments_stream_to_the_int8_models_bits(planned):
     got, log = stream.Streamer(segs, stream.schedule(segs, "plan", m.plan), interp).run(x)
     for k in want:
         np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_a_segment_planned_unpacked_is_built_on_the_reference_kernels_with_the_same_bits(planned):
+    root, d, _, plan, _ = planned
+    (m,) = plan.models
+    base = root / "deployments" / "sq-solo"
+    segs = [dataclasses.replace(stream.segment_of(base, s), kernels="unpacked") for s in m.segments]
+    built = []
+
+    def unpacked(blob):
+        built.append(len(blob))
+        return litert.unpacked(blob)
+
+    g = TfliteGraph((d / "model_int8.tflite").read_bytes())
+    rng = np.random.default_rng(5)
+    x = {g.tensors[i].name: rng.integers(-128, 128, g.tensors[i].shape, dtype=np.int8) for i in g.inputs}
+    got, _ = stream.Streamer(segs, stream.schedule(segs, "plan", m.plan), lambda blob: None, unpacked=unpacked).run(x)
+    # every segment (in the builder's order), and none by the XNNPACK factory (it returns None)
+    assert sorted(built) == sorted(s.size for s in segs)
+    want = stream.run_chain([s.path.read_bytes() for s in segs], x, litert.unpacked)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_kernels_are_picked_per_segment_from_both_measurements():
+    from edgeplan.plan.flashmem.deployment import pick_kernels
+    from edgeplan.profile.footprint import Held
+
+    fc = (1000, 10, 25.0, 2.0)  # packed: a long build
+    conv = (1000, 10, 3.0, 1.0)
+    held = Held([fc, conv, fc, conv], 500.0, [(0, 10, 0.3, 4.7), None, (2000, 10, 0.3, 4.7), (0, 10, 0.2, 40.0)])
+    got = pick_kernels(held, "fastest")
+    # faster and no larger: unpacked; not measured, larger or slower: XNNPACK, with its own figures
+    assert got == [("unpacked", (0, 10, 0.3, 4.7)), ("xnnpack", conv), ("xnnpack", fc), ("xnnpack", conv)]
+    assert [k for k, _ in pick_kernels(held, "xnnpack")] == ["xnnpack"] * 4
 
 
 def test_bad_inputs_say_what_to_run(planned, tmp_path):
@@ -117,6 +152,10 @@ def test_bad_inputs_say_what_to_run(planned, tmp_path):
         bad["flashmem"][key] = value
         with pytest.raises(PlanError, match=r"solve_share must be in \(0, 1\] and flashmem.read_lead at least 1"):
             plan_flashmem(root, "sq-solo", bad)
+    bad = copy.deepcopy(p)
+    bad["flashmem"]["segment_kernels"] = "gpu"
+    with pytest.raises(PlanError, match="segment_kernels must be one of fastest, xnnpack, got 'gpu'"):
+        plan_flashmem(root, "sq-solo", bad)
     # refused before anything is written: the plan and its segments are as they were
     assert segments and sorted((path.parent.parent / "flashmem").rglob("*.tflite")) == segments
     assert [path.read_bytes(), *(f.read_bytes() for f in segments)] == kept
@@ -193,8 +232,13 @@ def _doctor_load(doc):
     streamed["loads"][0]["layer"] = 10**6
 
 
+def _doctor_kernels(doc):
+    doc["models"][0]["segments"][0]["kernels"] = "gpu"
+
+
 @pytest.mark.parametrize("doctor, says", [(_doctor_hash, "not a blob of this revision with the hash"),
-                                          (_doctor_load, r"names layer 1000000, which its \d+ layers")])
+                                          (_doctor_load, r"names layer 1000000, which its \d+ layers"),
+                                          (_doctor_kernels, r"names kernels 'gpu', not one of xnnpack, unpacked")])
 def test_a_device_pulls_the_streamed_plan_checks_it_and_refuses_a_mismatched_one(device, doctor, says):
     import dataclasses
     import json

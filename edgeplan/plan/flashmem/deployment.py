@@ -86,6 +86,9 @@ def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None
     if not 0.0 < share <= 1.0 or lead < 1:
         raise PlanError(f"flashmem.solve_share must be in (0, 1] and flashmem.read_lead at least 1 segment, got "
                         f"{share} and {lead}")
+    kernels = settings.get("segment_kernels", "fastest")
+    if kernels not in SEGMENT_KERNELS:
+        raise PlanError(f"flashmem.segment_kernels must be one of {', '.join(SEGMENT_KERNELS)}, got {kernels!r}")
     models = []
     for m in dep["models"]:
         version = resolve_version(root, m["name"], str(m.get("version", "latest")))
@@ -113,8 +116,10 @@ def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None
             log.warning("%s: predicted residency from its layers' figures: %s", m["name"], e)
             overlap, source, read_mb_s = hoist(prob, merged, runs, lead), "layers", 0.0
         else:
-            segments = [replace(s, built_bytes=built, arena_bytes=arena, live_bytes=n, build_ms=ms, invoke_ms=run)
-                        for s, (built, arena, ms, run), n in zip(segments, held.segments, live, strict=True)]
+            segments = [replace(s, built_bytes=built, arena_bytes=arena, live_bytes=n, build_ms=ms, invoke_ms=run,
+                                kernels=k)
+                        for s, (k, (built, arena, ms, run)), n in zip(segments, pick_kernels(held, kernels), live,
+                                                                      strict=True)]
             fps = footprints_of(segments)
             prices, read_mb_s = measured(prob, runs, fps), round(held.read_mb_s, 1)
             led = hoist(prices, shifted(prices, solved, runs), runs, lead)
@@ -126,6 +131,20 @@ def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None
     out = out_dir / "plans" / "flashmem.json"
     result.save(out)
     return result, out
+
+
+SEGMENT_KERNELS = ("fastest", "xnnpack")
+
+
+def pick_kernels(held: footprint.Held, how: str) -> list[tuple[str, tuple[int, int, float, float]]]:
+    """Per segment, its kernels and their measured figures: ``unpacked`` (nothing packed at build) where ``how`` is
+    ``fastest`` and that build and first invoke together took less than XNNPACK's and held no more, else
+    ``xnnpack``. VGG19's fc1 parts here: 16-31 ms + 1.3-2.2 ms packed, 0.25 + 4.7 ms unpacked."""
+    out = []
+    for x, u in zip(held.segments, held.unpacked or [None] * len(held.segments), strict=True):
+        faster = u is not None and u[2] + u[3] < x[2] + x[3] and u[0] + u[1] <= x[0] + x[1]
+        out.append(("unpacked", u) if how == "fastest" and faster else ("xnnpack", x))
+    return out
 
 
 def _cut(d: Path, info: StreamInfo, runs: list[tuple[int, int]], out_dir: Path, rel: str

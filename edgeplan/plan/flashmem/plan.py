@@ -218,6 +218,9 @@ class StreamSegment:
     live_bytes: int = 0
     build_ms: float = 0.0
     invoke_ms: float = 0.0  # its first invoke once built, measured with the rest
+    # how the runtime builds it (``runtime.stream.KERNELS``): ``unpacked`` where that measured faster here
+    # (``flashmem.segment_kernels``); the figures above are that build's
+    kernels: str = "xnnpack"
 
 
 @dataclass(frozen=True)
