@@ -15,7 +15,8 @@ The device class's load capacity was measured on this host too (``plan_flashmem`
 
 A segment whose XNNPACK build takes longer than its first invoke (packing its weights costs more than running
 them: VGG19's fully-connected parts) is measured built on LiteRT's reference kernels too (``litert.unpacked``),
-which pack nothing; ``plan_flashmem`` picks the kernels per segment from the two.
+which pack nothing — kept as a choice only if its outputs on the same seeded inputs are XNNPACK's bits;
+``plan_flashmem`` picks the kernels per segment from the two.
 
 ``python -m edgeplan.profile.footprint``: segment paths as a JSON list on stdin, ``{"segments": [[built,
 arena, build ms, first invoke ms], ...], "unpacked": [the same or null, ...], "read_mb_s": rate}`` on stdout.
@@ -91,9 +92,11 @@ def _measure_here(paths: list[str]) -> dict:
         kept.append(it)
         alt.append(None)
         if out[-1][2] > out[-1][3]:  # packing costs more than running: try the kernels that pack nothing
-            it, ms, added = build_kept(blob, unpacked=True)
-            alt[-1] = (added, arena_bytes(it), round(ms, 3), round(_first_invoke_ms(it), 3))
-            kept.append(it)
+            other, ms, added = build_kept(blob, unpacked=True)
+            run = _first_invoke_ms(other)  # on the same seeded inputs
+            if _same_outputs(it, other):  # else the segment stays on XNNPACK: a stream must give the model's bits
+                alt[-1] = (added, arena_bytes(other), round(ms, 3), round(run, 3))
+            kept.append(other)
     segs = [stream.Segment(Path(p), hashlib.sha256(b).hexdigest(), len(b), "", k, k)
             for k, (p, b) in enumerate(zip(paths, blobs))]
     del kept, blobs
@@ -117,6 +120,13 @@ def _first_invoke_ms(it) -> float:
     t = time.perf_counter()
     it.invoke()
     return (time.perf_counter() - t) * 1e3
+
+
+def _same_outputs(a, b) -> bool:
+    import numpy as np
+
+    return all(np.array_equal(a.get_tensor(x["index"]), b.get_tensor(y["index"]))
+               for x, y in zip(a.get_output_details(), b.get_output_details(), strict=True))
 
 
 if __name__ == "__main__":
