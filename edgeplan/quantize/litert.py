@@ -1,7 +1,8 @@
 """Run TFLite models with the LiteRT interpreter (numpy + ai-edge-litert only: safe for the runtime).
 
-``deterministic=True`` uses the builtin reference kernels without the default XNNPACK delegate, so two
-runs of the same op on the same data give the same bits whichever model the op sits in.
+``deterministic=True`` uses LiteRT's builtin kernels without the default XNNPACK delegate
+(``BUILTIN_WITHOUT_DEFAULT_DELEGATES``), so two runs of the same op on the same data give the same bits whichever
+model the op sits in. ``unpacked`` uses the reference kernels (``BUILTIN_REF``), another set.
 """
 from __future__ import annotations
 
