@@ -27,11 +27,16 @@ Keys (ratios and errors are fractions):
 - no_lead_latency_ratio / no_lead_peak_ratio: geometric means of the same model planned without the read lead
   (``flashmem.solve_share`` 1, ``read_lead`` 1: the solver's placement as the runtime carries it out; every
   segment on XNNPACK) / preload, measured in the same interleaved rounds as the plan (not a target).
-- xnnpack_only_latency_ratio / xnnpack_only_peak_ratio: the same plan with every segment on XNNPACK
-  (``flashmem.segment_kernels`` xnnpack; the plan's own picks the reference kernels for a segment where they
-  measured faster — VGG19's fully-connected parts, whose packing costs more than running them) / preload, in the
-  same rounds: the plan/preload figures as they were before the kernel choice, beside the headline (not a target);
-  each model's ``always_next_over_xnnpack_only`` likewise, and ``unpacked_segments``.
+- xnnpack_only_latency_ratio / xnnpack_only_peak_ratio: the same plan — the same solve, cut and measured
+  segments (``plan_flashmem``'s ``variants``) — with every segment on XNNPACK (``flashmem.segment_kernels``
+  xnnpack; the plan's own picks the reference kernels for a segment where they measured faster — VGG19's
+  fully-connected parts, whose packing costs more than running them) / preload, in the same rounds: the
+  plan/preload figures as they were before the kernel choice, beside the headline (not a target); each model's
+  ``always_next_over_xnnpack_only`` likewise, and ``unpacked_segments``.
+- segment_lead_latency_ratio / segment_lead_peak_ratio: the same plan with its reads led by segments only
+  (``flashmem.read_in_time`` false: up to ``read_lead`` segments ahead, none moved to when the readers need them
+  to start, ``lead.in_time``) / preload, in the same rounds (not a target); each model's
+  ``always_next_over_segment_lead`` likewise.
 - fifo_peak_ratio: the four models FIFO, ``--fifo-iterations`` rounds each, peak plan / preload. [Fig. 6]
 - tradeoff: ResNet50V2 re-planned over M_peak and lambda, each measured (peak, time). [Fig. 8]
 - solver: LC-OPG on real layer lists — DenseNet201's streaming layers (measured capacities) and GPT-Neo
@@ -79,6 +84,8 @@ MODELS = {"ResNet50V2": "resnet50v2_224", "DenseNet201": "densenet201_224", "Inc
           "VGG19": "vgg19_224"}
 MODES = ("preload", "plan", "always-next", "same-op-type", "eager")
 XNNPACK_ONLY = "plan-xnnpack"  # the same plan with every segment on XNNPACK (flashmem.segment_kernels xnnpack)
+SEGMENT_LEAD = "plan-segment-lead"  # the same plan, its reads led by segments only (flashmem.read_in_time false)
+VARIANTS = {XNNPACK_ONLY: {"segment_kernels": "xnnpack"}, SEGMENT_LEAD: {"read_in_time": False}}
 NO_LEAD = "plan-no-lead"  # the solver's placement as it was before the read lead (solve_share 1, read_lead 1)
 READ_FLOOR = "read-floor"  # the segments read cold and hashed, nothing else: a streamed request's floor here
 CLASS = "coral-usb-emulated"  # its CPU is measured here; nothing of its (emulated) Edge TPU enters
@@ -152,8 +159,10 @@ def budget(d: Path, settings: dict, share: float) -> tuple[int, int]:
     return max(int(share * total), int(min_m_peak(prob) * 1.05)), total
 
 
-def plan(work: Path, dep: str, zoo: str, m_peak: int, lam: float | None = None, **flashmem):
-    """The deployment ``dep`` planned at ``m_peak``; ``lam`` and ``flashmem`` override params.yaml's settings."""
+def plan(work: Path, dep: str, zoo: str, m_peak: int, lam: float | None = None, variants: dict | None = None,
+         **flashmem):
+    """The deployment ``dep`` planned at ``m_peak``; ``lam`` and ``flashmem`` override params.yaml's settings,
+    ``variants`` as ``plan_flashmem``'s (written beside the plan)."""
     from edgeplan.plan.flashmem.deployment import plan_flashmem
 
     p = bench_params(work, {dep: (zoo, lam)})
@@ -161,7 +170,7 @@ def plan(work: Path, dep: str, zoo: str, m_peak: int, lam: float | None = None, 
         p["flashmem"]["lambda"] = lam
     p["flashmem"].update(flashmem)
     t0 = time.perf_counter()
-    result, path = plan_flashmem(work / "artifacts", dep, p, m_peak=m_peak)
+    result, path = plan_flashmem(work / "artifacts", dep, p, m_peak=m_peak, variants=variants)
     return result, path, time.perf_counter() - t0
 
 
@@ -485,25 +494,25 @@ def main() -> int:
     plans = {}
     for name, d in dirs.items():
         m_peak, footprint = budget(d, settings, args.share)
-        fp, path, seconds = plan(args.work, f"bench-{d.parent.name}", d.parent.name, m_peak)
+        fp, path, seconds = plan(args.work, f"bench-{d.parent.name}", d.parent.name, m_peak, variants=VARIANTS)
         _, bare, _ = plan(args.work, f"bench-no-lead-{d.parent.name}", d.parent.name, m_peak, solve_share=1.0,
-                          read_lead=1, segment_kernels="xnnpack")
-        _, packed, _ = plan(args.work, f"bench-xnnpack-{d.parent.name}", d.parent.name, m_peak,
-                            segment_kernels="xnnpack")
-        plans[name] = (fp, path, bare, packed)
+                          read_lead=1, read_in_time=False, segment_kernels="xnnpack")
+        plans[name] = (fp, path, bare)
         log(f"{name}: planned at M_peak {m_peak / 2**20:.1f} MiB in {seconds:.1f} s")
     if "models" in parts:
         per_model = {}
         for name, d in dirs.items():
-            fp, path, bare, packed = plans[name]
+            fp, path, bare = plans[name]
             (mp,) = fp.models
-            log(f"{name}: measuring {', '.join(MODES)}, {NO_LEAD}, {XNNPACK_ONLY}")
+            log(f"{name}: measuring {', '.join(MODES)}, {NO_LEAD}, {', '.join(VARIANTS)}")
             configs = {mode: {"mode": mode, "iterations": args.iterations, "models": [entry(d, path)]}
                        for mode in (*MODES, READ_FLOOR)}
             configs[NO_LEAD] = {"mode": "plan", "iterations": args.iterations, "models": [entry(d, bare)]}
-            configs[XNNPACK_ONLY] = {"mode": "plan", "iterations": args.iterations, "models": [entry(d, packed)]}
+            for variant in VARIANTS:
+                configs[variant] = {"mode": "plan", "iterations": args.iterations,
+                                    "models": [entry(d, path.parent / f"{variant}.json")]}
             runs = measure_configs(configs, args.rounds, seed=len(per_model))
-            s = {mode: summary(runs[mode]) for mode in (*MODES, NO_LEAD, XNNPACK_ONLY)}
+            s = {mode: summary(runs[mode]) for mode in (*MODES, NO_LEAD, *VARIANTS)}
             floor = summary(runs[READ_FLOOR])["ms"]
             pre = s["preload"]
             per_model[name] = {
@@ -527,6 +536,11 @@ def main() -> int:
                 "xnnpack_only_latency_ratio": s[XNNPACK_ONLY]["ms"] / pre["ms"],
                 "xnnpack_only_peak_ratio": s[XNNPACK_ONLY]["peak_bytes"] / pre["peak_bytes"],
                 "always_next_over_xnnpack_only": s["always-next"]["ms"] / s[XNNPACK_ONLY]["ms"],
+                # the reads moved to when the readers need them to start (``lead.in_time``), in the same rounds:
+                # the same plan led by segments only
+                "segment_lead_latency_ratio": s[SEGMENT_LEAD]["ms"] / pre["ms"],
+                "segment_lead_peak_ratio": s[SEGMENT_LEAD]["peak_bytes"] / pre["peak_bytes"],
+                "always_next_over_segment_lead": s["always-next"]["ms"] / s[SEGMENT_LEAD]["ms"],
                 # the read lead's effect, in the same interleaved rounds: the solver's placement as it was (all
                 # XNNPACK, as before the kernel choice)
                 "no_lead_latency_ratio": s[NO_LEAD]["ms"] / pre["ms"],
@@ -554,6 +568,8 @@ def main() -> int:
                                                             for m in per_model.values()])
             result["xnnpack_only_peak_ratio"] = geomean([m["xnnpack_only_peak_ratio"] for m in per_model.values()])
             result["no_lead_peak_ratio"] = geomean([m["no_lead_peak_ratio"] for m in per_model.values()])
+            for key in ("segment_lead_latency_ratio", "segment_lead_peak_ratio"):
+                result[key] = geomean([m[key] for m in per_model.values()])
             vgg = per_model.get("VGG19")
             result["always_next_over_plan"] = {"value": vgg["always_next_over_plan"] if vgg else None,
                                                "model": "VGG19" if vgg else "VGG19 not measured"}
@@ -631,7 +647,7 @@ def plot(result: dict, path: Path) -> None:
 
 def _bars(ax, models: dict, value, ylabel: str, title: str) -> None:
     names = list(models)
-    modes = [m for m in (*MODES, NO_LEAD, XNNPACK_ONLY) if all(m in models[n]["modes"] for n in names)]
+    modes = [m for m in (*MODES, NO_LEAD, *VARIANTS) if all(m in models[n]["modes"] for n in names)]
     width = 0.8 / max(1, len(modes))
     for k, mode in enumerate(modes):
         ax.bar([i + k * width for i in range(len(names))], [value(models[n]["modes"][mode]) for n in names], width,

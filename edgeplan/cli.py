@@ -598,7 +598,8 @@ def cmd_plan_flashmem(args, params) -> int:
         p = m.plan
         t = table(f"FlashMem overlap plan: {m.name} {m.version} on {plan.device_class}, M_peak "
                   f"{plan.m_peak / 1e6:.1f} MB ({p.objective} objective, λ {p.lam:g}; solved within "
-                  f"{(p.solve_m_peak or p.m_peak) / 1e6:.1f} MB, reads up to {p.read_lead} segments ahead)",
+                  f"{(p.solve_m_peak or p.m_peak) / 1e6:.1f} MB, reads up to {p.read_lead} segments ahead"
+                  f"{', earlier where due' if p.read_in_time else ''})",
                   ("layers", "weights", "tier", "status", "objective", "gap", "seconds", "why"),
                   right=("weights", "objective", "gap", "seconds"))
         for w in p.windows:
@@ -847,7 +848,8 @@ def parser() -> argparse.ArgumentParser:
                           "soft capacity, incremental preloading, greedy latest-fit) within flashmem.solve_share "
                           "of M_peak, cuts the segments the plan runs into <out>/deployments/NAME/flashmem/, moves "
                           "each streamed read up to flashmem.read_lead segments ahead of its segment while the plan "
-                          "fits M_peak, and writes plans/flashmem.json.")
+                          "fits M_peak (earlier still where the readers would not have it in time: "
+                          "flashmem.read_in_time), and writes plans/flashmem.json.")
     pf.add_argument("--deployment", required=True, help="a deployment of params.yaml")
     pf.add_argument("--out", default="artifacts", help="artifact root (default: artifacts)")
     pf.add_argument("--m-peak-mb", type=float, help="M_peak in MB (default: flashmem.m_peak_bytes, else "

@@ -18,8 +18,9 @@ them: VGG19's fully-connected parts) is measured built on LiteRT's reference ker
 which pack nothing — kept as a choice only if its outputs on the same seeded inputs are XNNPACK's bits;
 ``plan_flashmem`` picks the kernels per segment from the two.
 
-``python -m edgeplan.profile.footprint``: segment paths as a JSON list on stdin, ``{"segments": [[built,
-arena, build ms, first invoke ms], ...], "unpacked": [the same or null, ...], "read_mb_s": rate}`` on stdout.
+``python -m edgeplan.profile.footprint``: ``{"paths": [segment path, ...], "unpacked": true | false}`` on stdin,
+``{"segments": [[built, arena, build ms, first invoke ms], ...], "unpacked": [the same or null, ...], "read_mb_s":
+rate}`` on stdout.
 """
 from __future__ import annotations
 
@@ -45,14 +46,16 @@ class Held:
     unpacked: list[tuple[int, int, float, float] | None] | None = None
 
 
-def measure(paths: list[Path]) -> Held:
-    """What each segment holds once built and the readers' cold rate (see the module docstring). Raises
+def measure(paths: list[Path], unpacked: bool = True) -> Held:
+    """What each segment holds once built and the readers' cold rate (see the module docstring); ``unpacked``
+    False: no segment is tried on the reference kernels (every ``Held.unpacked`` entry None). Raises
     ``ProfileError`` naming what failed."""
     if not paths:
         return Held([], 0.0)
     try:
         res = subprocess.run([sys.executable, "-m", "edgeplan.profile.footprint"], capture_output=True, text=True,
-                             input=json.dumps([str(p) for p in paths]), timeout=TIMEOUT_S)
+                             input=json.dumps({"paths": [str(p) for p in paths], "unpacked": unpacked}),
+                             timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise ProfileError(f"measuring {len(paths)} built segments took over {TIMEOUT_S} s") from None
     if res.returncode != 0:
@@ -70,13 +73,14 @@ def measure(paths: list[Path]) -> Held:
         raise ProfileError("measuring the built segments: the measuring process answered no list of segments "
                            "and rate") from None
     if len(held.segments) != len(paths) or len(held.unpacked) != len(paths):
-        raise ProfileError(f"measuring the built segments: {len(held.segments)} answers for {len(paths)} segments")
+        raise ProfileError(f"measuring the built segments: {len(held.segments)} answers and {len(held.unpacked)} "
+                           f"on unpacked kernels for {len(paths)} segments")
     if not held.read_mb_s > 0:
         raise ProfileError(f"measuring the built segments: a read rate of {held.read_mb_s} MB/s")
     return held
 
 
-def _measure_here(paths: list[str]) -> dict:
+def _measure_here(paths: list[str], unpacked: bool) -> dict:
     import hashlib
 
     from edgeplan.profile.capacity import arena_bytes, build_kept
@@ -91,7 +95,7 @@ def _measure_here(paths: list[str]) -> dict:
         out.append((added, arena_bytes(it), round(ms, 3), round(_first_invoke_ms(it), 3)))
         kept.append(it)
         alt.append(None)
-        if out[-1][2] > out[-1][3]:  # packing costs more than running: try the kernels that pack nothing
+        if unpacked and out[-1][2] > out[-1][3]:  # packing costs more than running: try the kernels that pack none
             other, ms, added = build_kept(blob, unpacked=True)
             run = _first_invoke_ms(other)  # on the same seeded inputs
             if _same_outputs(it, other):  # else the segment stays on XNNPACK: a stream must give the model's bits
@@ -130,4 +134,5 @@ def _same_outputs(a, b) -> bool:
 
 
 if __name__ == "__main__":
-    print(json.dumps(_measure_here(json.load(sys.stdin))))
+    ask = json.load(sys.stdin)
+    print(json.dumps(_measure_here(ask["paths"], bool(ask["unpacked"]))))

@@ -45,7 +45,9 @@ def planned(compiled, tmp_path_factory):
     prob = problem(StreamInfo.load(d / "stream" / "stream.json"), prof.load_capacity, p["flashmem"], 1)
     footprint = sum(prob.full_kib(i) for i in range(prob.n)) * 1024
     # half the all-preloaded footprint, or what two neighbours need
-    plan, path = plan_flashmem(root, "sq-solo", p, m_peak=max(footprint // 2, min_m_peak(prob) * 5 // 4))
+    plan, path = plan_flashmem(root, "sq-solo", p, m_peak=max(footprint // 2, min_m_peak(prob) * 5 // 4),
+                               variants={"flashmem-packed": {"segment_kernels": "xnnpack"},
+                                         "flashmem-no-lead": {"read_lead": 1, "read_in_time": False}})
     return root, d, p, plan, path
 
 
@@ -59,6 +61,28 @@ def test_the_plan_is_written_streams_and_names_its_segments(planned):
     for seg in m.segments:
         blob = (root / "deployments" / "sq-solo" / seg.file).read_bytes()
         assert hashlib.sha256(blob).hexdigest() == seg.sha256 and len(blob) == seg.size
+
+
+def test_variants_are_made_from_the_same_solve_and_segments(planned):
+    """The bench's comparisons: the same solved and cut plan, finished with other kernels or another lead."""
+    root, d, p, plan, path = planned
+    (m,) = plan.models
+    packed, bare = ((FlashMemPlan.load(path.parent / f"{stem}.json")).models[0]
+                    for stem in ("flashmem-packed", "flashmem-no-lead"))
+    for v in (packed, bare):
+        assert [(s.file, s.sha256) for s in v.segments] == [(s.file, s.sha256) for s in m.segments]
+        assert v.plan.windows == m.plan.windows and v.plan.solve_m_peak == m.plan.solve_m_peak
+    assert {s.kernels for s in packed.segments} == {"xnnpack"}
+    for s, x in zip(m.segments, packed.segments, strict=True):  # XNNPACK's figures where the plan picked it too
+        assert s.kernels == "unpacked" or s == x
+    runs = [(s.first_layer, s.last_layer) for s in m.segments]
+    prob = problem(StreamInfo.load(d / "stream" / "stream.json"),
+                   Profile.load(d / "profiles" / "coral-usb-emulated.json").load_capacity, p["flashmem"], plan.m_peak)
+    prices = measured(prob, runs, footprints_of(bare.segments))
+    # no lead: the solver's placement as the runtime carries it out, which the lead only moves earlier
+    assert bare.plan.read_lead == 1 and bare.plan.weights == shifted(prices, bare.plan, runs).weights
+    first = {w.layer: min((ld.layer for ld in w.loads), default=-1) for w in bare.plan.weights}
+    assert all(min((ld.layer for ld in w.loads), default=-1) <= first[w.layer] for w in m.plan.weights)
 
 
 def test_the_prediction_counts_what_each_cut_segment_holds(planned):
@@ -147,15 +171,19 @@ def test_bad_inputs_say_what_to_run(planned, tmp_path):
     kept = [path.read_bytes(), *(f.read_bytes() for f in segments)]
     with pytest.raises(MemoryBudgetError, match=r"M_peak .* is below what layers"):
         plan_flashmem(root, "sq-solo", p, m_peak=64 * 1024)
-    for key, value in (("solve_share", 0.0), ("read_lead", 0)):
+    for key, value, says in (("solve_share", 0.0, r"solve_share must be in \(0, 1\], got 0.0"),
+                             ("read_lead", 0, "read_lead must be a whole number of segments, at least 1, got 0"),
+                             ("read_lead", 2.5, "read_lead must be a whole number .* got 2.5"),
+                             ("read_in_time", "yes", "read_in_time must be true or false, got 'yes'"),
+                             ("segment_kernels", "gpu", "segment_kernels must be one of fastest, xnnpack, got 'gpu'")):
         bad = copy.deepcopy(p)
         bad["flashmem"][key] = value
-        with pytest.raises(PlanError, match=r"solve_share must be in \(0, 1\] and flashmem.read_lead at least 1"):
+        with pytest.raises(PlanError, match=says):
             plan_flashmem(root, "sq-solo", bad)
-    bad = copy.deepcopy(p)
-    bad["flashmem"]["segment_kernels"] = "gpu"
-    with pytest.raises(PlanError, match="segment_kernels must be one of fastest, xnnpack, got 'gpu'"):
-        plan_flashmem(root, "sq-solo", bad)
+    with pytest.raises(PlanError, match="segment_kernels must be one of fastest, xnnpack, got 'cpu'"):
+        plan_flashmem(root, "sq-solo", p, variants={"other": {"segment_kernels": "cpu"}})
+    with pytest.raises(PlanError, match="a plan variant named '../x'"):
+        plan_flashmem(root, "sq-solo", p, variants={"../x": {}})
     # refused before anything is written: the plan and its segments are as they were
     assert segments and sorted((path.parent.parent / "flashmem").rglob("*.tflite")) == segments
     assert [path.read_bytes(), *(f.read_bytes() for f in segments)] == kept

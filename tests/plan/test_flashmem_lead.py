@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from edgeplan.plan.flashmem import lcopg
-from edgeplan.plan.flashmem.lead import hoist
+from edgeplan.plan.flashmem.lead import hoist, in_time
 from edgeplan.plan.flashmem.merge import shifted
-from edgeplan.plan.flashmem.plan import groups
+from edgeplan.plan.flashmem.plan import Load, WeightPlan, groups
 from edgeplan.plan.flashmem.problem import KIB, Layer, Problem
 from edgeplan.runtime import stream
 
@@ -77,3 +77,48 @@ def test_a_lead_of_one_segment_is_the_plan_itself(planned):
     assert hoist(problem, plan, runs, 1).weights == plan.weights
     with pytest.raises(ValueError, match="read lead of 0"):
         hoist(problem, plan, runs, 0)
+
+
+def _streamed_one_ahead(planned):
+    """The fixture's 16 layers, one segment each, every weight but the first read and built one segment before
+    its own."""
+    problem, runs, plan = planned
+    weights = [WeightPlan(0, "l0", 64 * KIB, 4, True)] + [
+        WeightPlan(k, f"l{k}", 64 * KIB, 4, False, (Load(k - 1, 4),), k - 1) for k in range(1, problem.n)]
+    return shifted(problem, replace(plan, weights=tuple(weights)), runs)
+
+
+def test_reads_are_due_where_the_readers_in_turn_still_have_each_segment_in_before_its_build(planned):
+    """Each segment runs 1 ms and builds in 0 ms; a 64 KiB read takes 2 ms at 32.768 MB/s. Read one after
+    another, backwards from segment 15 (needed at 15 ms): 15 is due at 13 ms, 14 at 11, ..., k at 2k - 17,
+    so from segment 8 down the reads are due from the start."""
+    problem, runs, _ = planned
+    plan = _streamed_one_ahead(planned)
+    due = in_time(problem, plan, runs, [1.0] * 16, [0.0] * 16, 32.768)
+    assert due == {k: max(0, 2 * k - 17) for k in range(1, 16)}
+    # twice the rate: a read takes what an invoke takes, each segment due one ahead
+    assert in_time(problem, plan, runs, [1.0] * 16, [0.0] * 16, 65.536) == {k: k - 1 for k in range(1, 16)}
+    # a build of 1 ms before each invoke: every read done a millisecond earlier
+    assert in_time(problem, plan, runs, [1.0] * 16, [1.0] * 16, 32.768) == {k: max(0, 2 * k - 18) for k in range(1, 16)}
+    with pytest.raises(ValueError, match="read rate of 0"):
+        in_time(problem, plan, runs, [1.0] * 16, [0.0] * 16, 0.0)
+
+
+def test_reads_move_to_when_they_are_due_while_m_peak_allows(planned):
+    problem, runs, _ = planned
+    plan = _streamed_one_ahead(planned)
+    timing = ([1.0] * 16, [0.0] * 16, 32.768)
+    due = in_time(problem, plan, runs, *timing)
+    roomy = hoist(replace(problem, m_peak=16 * 1024 * KIB), plan, runs, 1, timing)
+    assert _positions(roomy, runs) == {k: [min(k - 1, due[k])] for k in range(1, 16)}
+    assert shifted(problem, roomy, runs).resident_bytes == roomy.resident_bytes
+    # within a tighter M_peak the earlier segments' reads take the room first, and the plan stays within it
+    limit = (plan.peak_resident_bytes + roomy.peak_resident_bytes) // 2
+    tight = hoist(replace(problem, m_peak=limit), plan, runs, 1, timing)
+    assert plan.peak_resident_bytes < tight.peak_resident_bytes <= limit
+    late = [k for k in range(1, 16) if due[k] < k - 1]
+    at = _positions(tight, runs)
+    assert all(due[k] <= at[k][0] <= k - 1 for k in late)
+    short = [k for k in late if at[k][0] > due[k]]  # as early as the room left allowed
+    assert short and short[0] > late[0] and [at[k][0] for k in late] == sorted(at[k][0] for k in late)
+    assert hoist(problem, plan, runs, 1).weights == plan.weights  # no timing: nothing moves

@@ -128,6 +128,13 @@ def test_measured_segments_replace_their_layers_figures_in_the_prediction(solved
     assert out.weights == shifted(problem, plan, runs).weights  # the same reads and builds, other figures
 
 
+def test_segments_are_not_tried_unpacked_when_the_plan_keeps_every_segment_packed(solved, tmp_path):
+    _, g, ls, problem, plan = solved
+    runs, _ = merge(problem, plan, groups(plan, problem.n), min_segment_ms=3.5)
+    held = footprint.measure([s.path for s in _segments(g, ls, runs, tmp_path)], unpacked=False)
+    assert len(held.segments) == len(runs) and held.unpacked == [None] * len(runs)
+
+
 def test_a_failed_measurement_says_what_failed(tmp_path):
     bad = tmp_path / "s0.tflite"
     bad.write_bytes(b"not a model")

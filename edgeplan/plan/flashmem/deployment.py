@@ -7,7 +7,9 @@ M_peak, then the segments the plan runs — runs of layers (``plan.groups``, the
 ``flashmem.min_segment_ms``: ``merge``) cut from ``stream/model_split.tflite`` into
 ``deployments/<name>/flashmem/<model>/`` — each named in the plan by its sha256. The plan recorded is the solver's
 shifted to what the runtime does over those segments, its reads then given up to ``flashmem.read_lead`` segments of
-lead within M_peak (``lead.hoist``), its predicted residency from what the cut segments hold, measured here once
+lead within M_peak (``lead.hoist``), and more where the readers, reading in turn at their measured rate, would not
+have a segment in before its measured invokes reach it (``flashmem.read_in_time``, ``lead.in_time``), its
+predicted residency from what the cut segments hold, measured here once
 built (``profile.footprint``), and the activations the runtime keeps between them (from the graph), less what the
 runtime has not loaded yet while a segment shorter than its loads runs (``merge.expected``, at the readers' cold
 rate measured with them); the layers' own figures when that measuring fails (the plan's ``footprint`` says which).
@@ -18,7 +20,7 @@ import hashlib
 import logging
 import math
 import shutil
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +34,7 @@ from edgeplan.plan.flashmem.merge import expected, footprints_of, measured, merg
 from edgeplan.plan.flashmem.plan import (
     FlashMemPlan,
     ModelStreamPlan,
+    OverlapPlan,
     StreamSegment,
     groups,
 )
@@ -76,20 +79,27 @@ def problem(info: StreamInfo, load: cap.LoadCapacity, settings: dict, m_peak: in
 
 
 def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None,
-                  progress=lambda model, done, total: None) -> tuple[FlashMemPlan, Path]:
+                  progress=lambda model, done, total: None, variants: dict[str, dict] | None = None
+                  ) -> tuple[FlashMemPlan, Path]:
+    """Plans every model of deployment ``name`` and writes ``plans/flashmem.json``; returns the plan and its path.
+    ``variants`` ({file stem: flashmem settings overriding ``segment_kernels``, ``read_lead``, ``read_in_time``}):
+    more plans from the same solve, cut and measured segments, written beside it as ``plans/<stem>.json`` — what
+    a comparison of those settings needs without two CP-SAT solves' difference mixed in (the bench)."""
     settings = params["flashmem"]
     dep = deployment(params, name)
     dc = fleet_mod.load(params, {d["name"] for d in params.get("deployments") or []}).device_class(dep["device_class"])
     budget = m_peak if m_peak is not None else m_peak_bytes(root, name, dc.ram_bytes, settings)
     out_dir = Path(root) / "deployments" / name
-    share, lead = float(settings["solve_share"]), int(settings["read_lead"])
-    if not 0.0 < share <= 1.0 or lead < 1:
-        raise PlanError(f"flashmem.solve_share must be in (0, 1] and flashmem.read_lead at least 1 segment, got "
-                        f"{share} and {lead}")
-    kernels = settings.get("segment_kernels", "fastest")
-    if kernels not in SEGMENT_KERNELS:
-        raise PlanError(f"flashmem.segment_kernels must be one of {', '.join(SEGMENT_KERNELS)}, got {kernels!r}")
-    models = []
+    share = float(settings["solve_share"])
+    if not 0.0 < share <= 1.0:
+        raise PlanError(f"flashmem.solve_share must be in (0, 1], got {share}")
+    finishes = {"flashmem": _finishing(settings)}
+    for stem, override in (variants or {}).items():
+        if stem == "flashmem" or not stem.replace("-", "").replace("_", "").isalnum():
+            raise PlanError(f"a plan variant named {stem!r}: use letters, digits, - and _, and not 'flashmem'")
+        finishes[stem] = _finishing({**settings, **override})
+    measure_unpacked = any(f.kernels != "xnnpack" for f in finishes.values())
+    models: dict[str, list[ModelStreamPlan]] = {stem: [] for stem in finishes}
     for m in dep["models"]:
         version = resolve_version(root, m["name"], str(m.get("version", "latest")))
         d = Path(root) / m["name"] / version
@@ -111,26 +121,74 @@ def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None
         runs, merged = merge(room, solved, groups(solved, len(info.layers)), float(settings["min_segment_ms"]))
         segments, live = _cut(d, info, runs, out_dir, f"flashmem/{m['name']}")
         try:
-            held = footprint.measure([out_dir / s.file for s in segments])
+            held = footprint.measure([out_dir / s.file for s in segments], unpacked=measure_unpacked)
         except ProfileError as e:
             log.warning("%s: predicted residency from its layers' figures: %s", m["name"], e)
-            overlap, source, read_mb_s = hoist(prob, merged, runs, lead), "layers", 0.0
-        else:
-            segments = [replace(s, built_bytes=built, arena_bytes=arena, live_bytes=n, build_ms=ms, invoke_ms=run,
-                                kernels=k)
-                        for s, (k, (built, arena, ms, run)), n in zip(segments, pick_kernels(held, kernels), live,
-                                                                      strict=True)]
-            fps = footprints_of(segments)
-            prices, read_mb_s = measured(prob, runs, fps), round(held.read_mb_s, 1)
-            led = hoist(prices, shifted(prices, solved, runs), runs, lead)
-            overlap, source = expected(prices, led, runs, fps, read_mb_s), "segments"
+            held = None
         preload_peak = sum(prob.full_kib(i) for i in range(prob.n)) * 1024
-        models.append(ModelStreamPlan(m["name"], version, info.split_sha256, "measured", tuple(segments), overlap,
-                                      preload_peak, source, read_mb_s))
-    result = FlashMemPlan(name, dc.name, budget, tuple(models))
-    out = out_dir / "plans" / "flashmem.json"
-    result.save(out)
-    return result, out
+        cut = _Cut(prob, solved, runs, merged, tuple(segments), tuple(live), held)
+        for stem, finish in finishes.items():
+            segs, overlap, source, read_mb_s = finish.of(cut)
+            models[stem].append(ModelStreamPlan(m["name"], version, info.split_sha256, "measured", segs, overlap,
+                                                preload_peak, source, read_mb_s))
+    written = {}
+    for stem, plans in models.items():
+        written[stem] = FlashMemPlan(name, dc.name, budget, tuple(plans))
+        written[stem].save(out_dir / "plans" / f"{stem}.json")
+    return written["flashmem"], out_dir / "plans" / "flashmem.json"
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """One model solved, merged into segments, cut and (``held`` None: not) measured once built."""
+
+    problem: Problem
+    solved: OverlapPlan
+    runs: list[tuple[int, int]]
+    merged: OverlapPlan  # the solver's placement shifted over ``runs``, the layers' own figures
+    segments: tuple[StreamSegment, ...]
+    live: tuple[int, ...]
+    held: footprint.Held | None
+
+
+@dataclass(frozen=True)
+class _Finishing:
+    """What is made of a ``_Cut``: the segments' kernels and the reads' lead (``flashmem`` settings)."""
+
+    kernels: str
+    lead: int
+    in_time: bool
+
+    def of(self, cut: _Cut) -> tuple[tuple[StreamSegment, ...], OverlapPlan, str, float]:
+        """(The segments with their kernels and figures, the plan the runtime carries out, what its residency
+        was predicted from, the readers' rate)."""
+        prob, runs = cut.problem, cut.runs
+        if cut.held is None:
+            return cut.segments, hoist(prob, cut.merged, runs, self.lead), "layers", 0.0
+        picked = pick_kernels(cut.held, self.kernels)
+        segments = tuple(replace(s, built_bytes=built, arena_bytes=arena, live_bytes=n, build_ms=ms, invoke_ms=run,
+                                 kernels=k)
+                         for s, (k, (built, arena, ms, run)), n in zip(cut.segments, picked, cut.live, strict=True))
+        fps = footprints_of(segments)
+        prices, read_mb_s = measured(prob, runs, fps), round(cut.held.read_mb_s, 1)
+        timing = None
+        if self.in_time:
+            timing = ([fp.invoke_ms or sum(prices.layers[x].invoke_ms for x in range(a, b + 1))
+                       for fp, (a, b) in zip(fps, runs, strict=True)], [fp.build_ms for fp in fps], read_mb_s)
+        led = hoist(prices, shifted(prices, cut.solved, runs), runs, self.lead, timing)
+        return segments, expected(prices, led, runs, fps, read_mb_s), "segments", read_mb_s
+
+
+def _finishing(settings: dict) -> _Finishing:
+    lead, kernels, in_time = settings["read_lead"], settings.get("segment_kernels", "fastest"), \
+        settings.get("read_in_time", True)
+    if isinstance(lead, bool) or not isinstance(lead, int | float) or lead != int(lead) or lead < 1:
+        raise PlanError(f"flashmem.read_lead must be a whole number of segments, at least 1, got {lead!r}")
+    if kernels not in SEGMENT_KERNELS:
+        raise PlanError(f"flashmem.segment_kernels must be one of {', '.join(SEGMENT_KERNELS)}, got {kernels!r}")
+    if not isinstance(in_time, bool):
+        raise PlanError(f"flashmem.read_in_time must be true or false, got {in_time!r}")
+    return _Finishing(kernels, int(lead), in_time)
 
 
 SEGMENT_KERNELS = ("fastest", "xnnpack")

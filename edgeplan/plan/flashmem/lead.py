@@ -15,17 +15,21 @@ shadows). Reads beyond a layer's capacity C_l are recounted in the plan's ``over
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from edgeplan.plan.flashmem.plan import Ledger, Load, OverlapPlan, WeightPlan
 from edgeplan.plan.flashmem.problem import KIB, Problem
 
 
-def hoist(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]], lead: int) -> OverlapPlan:
+def hoist(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]], lead: int,
+          timing: tuple[list[float], list[float], float] | None = None) -> OverlapPlan:
     """``plan`` (as the runtime carries it out over ``runs``: ``merge.shifted``, its loads at the first layer of
     a run) with every streamed segment's pieces read at least ``lead`` segments before it where M_peak allows
-    (``lead`` 1: ``plan`` unchanged — the runtime reads a segment's pieces before it anyway). A plan already above
-    M_peak is held to its own peak."""
+    (``lead`` 1: ``plan`` unchanged — the runtime reads a segment's pieces before it anyway); then, given
+    ``timing`` (each segment's invoke and build ms and the readers' MB/s, measured), earlier still where the
+    readers would not otherwise have it in time (``in_time``). A plan already above M_peak is held to its own
+    peak."""
     if lead < 1:
         raise ValueError(f"a read lead of {lead} segments")
     seg = {layer: k for k, (a, b) in enumerate(runs) for layer in range(a, b + 1)}
@@ -50,11 +54,51 @@ def hoist(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]], lead
                     break
                 ledger.commit(moved, -1)
                 ledger.commit(w)
+    if timing is not None:
+        due = in_time(problem, plan, runs, *timing)
+        for i in streamed:
+            w = weights[i]
+            first = min(seg[load.layer] for load in w.loads)
+            for at in range(due.get(seg[i], first), first):  # the earliest that fits, from when it is due
+                moved = _moved(w, seg, runs, at)
+                ledger.commit(w, -1)
+                ledger.commit(moved)
+                if max(ledger.mem[runs[at][0]:i + 1]) <= limit:
+                    weights[i] = moved
+                    break
+                ledger.commit(moved, -1)
+                ledger.commit(w)
     out = tuple(weights[i] for i in sorted(weights))
     over_read, _ = ledger.over_capacity()
     return replace(plan, weights=out, resident_bytes=tuple(m * KIB for m in ledger.mem), m_peak=problem.m_peak,
                    over_capacity_bytes=over_read * KIB, solve_m_peak=plan.solve_m_peak or plan.m_peak,
-                   read_lead=lead)
+                   read_lead=lead, read_in_time=timing is not None)
+
+
+def in_time(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]], invoke_ms: list[float],
+            build_ms: list[float], read_mb_s: float) -> dict[int, int]:
+    """Per streamed segment, the last position from which its reads give the readers time to have it in, built,
+    before its turn: the request played backwards, the compute thread reaching position k after segments 0..k-1's
+    invokes (measured), the readers reading the streamed segments one after another, in order, at ``read_mb_s``,
+    each done before the next one's reads begin and before its own build (measured ms) must start. VGG19 here
+    (cold, fresh processes, medians of 5): its fc1 parts read 4 segments ahead, 293 ms a request at 52.8 MiB; 8
+    ahead, 237 ms at 71.3 MiB — the tail's reads (123 MB of fully-connected weights) are what it waits for."""
+    if read_mb_s <= 0:
+        raise ValueError(f"a read rate of {read_mb_s} MB/s")
+    seg = {layer: k for k, (a, b) in enumerate(runs) for layer in range(a, b + 1)}
+    kib = [0] * len(runs)
+    for w in plan.weights:
+        if not w.preload and w.loads:
+            kib[seg[w.layer]] += w.chunks * problem.chunk_kib(w.layer)
+    reach = [0.0]  # when the compute thread reaches each position
+    for ms in invoke_ms:
+        reach.append(reach[-1] + ms)
+    due, nxt = {}, math.inf
+    for k in reversed(range(len(runs))):
+        if kib[k]:
+            nxt = min(nxt, reach[k] - build_ms[k]) - kib[k] * KIB / (read_mb_s * 1e3)
+            due[k] = max([0, *(p for p in range(k) if reach[p] <= nxt)])
+    return due
 
 
 def _moved(w: WeightPlan, seg: dict[int, int], runs: list[tuple[int, int]], at: int) -> WeightPlan:

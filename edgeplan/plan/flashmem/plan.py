@@ -68,6 +68,7 @@ class OverlapPlan(_Record):
     schema_version: int = 1
     solve_m_peak: int = 0  # the M_peak the solver planned within (``flashmem.solve_share``; 0: m_peak)
     read_lead: int = 1  # segments a streamed read comes before its segment, at least, where M_peak allowed (``lead``)
+    read_in_time: bool = False  # and earlier where the readers would not have it in time (``lead.in_time``)
 
     @property
     def peak_resident_bytes(self) -> int:
