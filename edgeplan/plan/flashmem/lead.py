@@ -40,34 +40,30 @@ def hoist(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]], lead
     ledger.mem = [m // KIB for m in plan.resident_bytes]  # the plan's residency (arenas of merged runs included)
     limit = max(problem.m_peak_kib, max(ledger.mem, default=0))
     streamed = [i for i in sorted(weights) if not weights[i].preload and weights[i].loads]
+
+    def move(i: int, positions: range) -> None:
+        """Weight i's pieces after the first of ``positions`` where the ledger stays within the limit read there."""
+        w = weights[i]
+        for at in positions:
+            moved = _moved(w, seg, runs, at)
+            if moved == w:
+                return
+            ledger.commit(w, -1)
+            ledger.commit(moved)
+            if max(ledger.mem[runs[at][0]:i + 1]) <= limit:
+                weights[i] = moved
+                return
+            ledger.commit(moved, -1)
+            ledger.commit(w)
+
     for target in range(2, lead + 1):
         for i in streamed:
-            w = weights[i]
-            for at in range(max(0, seg[i] - target), seg[i] - 1):  # the longest lead that fits, up to target
-                moved = _moved(w, seg, runs, at)
-                if moved == w:
-                    break
-                ledger.commit(w, -1)
-                ledger.commit(moved)
-                if max(ledger.mem[runs[at][0]:i + 1]) <= limit:
-                    weights[i] = moved
-                    break
-                ledger.commit(moved, -1)
-                ledger.commit(w)
+            move(i, range(max(0, seg[i] - target), seg[i] - 1))  # the longest lead that fits, up to target
     if timing is not None:
         due = in_time(problem, plan, runs, *timing)
         for i in streamed:
-            w = weights[i]
-            first = min(seg[load.layer] for load in w.loads)
-            for at in range(due.get(seg[i], first), first):  # the earliest that fits, from when it is due
-                moved = _moved(w, seg, runs, at)
-                ledger.commit(w, -1)
-                ledger.commit(moved)
-                if max(ledger.mem[runs[at][0]:i + 1]) <= limit:
-                    weights[i] = moved
-                    break
-                ledger.commit(moved, -1)
-                ledger.commit(w)
+            first = min(seg[load.layer] for load in weights[i].loads)
+            move(i, range(due.get(seg[i], first), first))  # the earliest that fits, from when it is due
     out = tuple(weights[i] for i in sorted(weights))
     over_read, _ = ledger.over_capacity()
     return replace(plan, weights=out, resident_bytes=tuple(m * KIB for m in ledger.mem), m_peak=problem.m_peak,
