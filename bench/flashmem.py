@@ -33,10 +33,10 @@ Keys (ratios and errors are fractions):
   fully-connected parts, whose packing costs more than running them) / preload, in the same rounds: the
   plan/preload figures as they were before the kernel choice, beside the headline (not a target); each model's
   ``always_next_over_xnnpack_only`` likewise, and ``unpacked_segments``.
-- segment_lead_latency_ratio / segment_lead_peak_ratio: the same plan with its reads led by segments only
-  (``flashmem.read_in_time`` false: up to ``read_lead`` segments ahead, none moved to when the readers need them
-  to start, ``lead.in_time``) / preload, in the same rounds (not a target); each model's
-  ``always_next_over_segment_lead`` likewise.
+- in_time_latency_ratio / in_time_peak_ratio: the same plan with its reads also moved to when the readers,
+  reading in turn at their measured rate, need them to start (``flashmem.read_in_time`` true, ``lead.in_time``;
+  off by default) / preload, in the same rounds (not a target); each model's ``always_next_over_in_time``
+  likewise.
 - fifo_peak_ratio: the four models FIFO, ``--fifo-iterations`` rounds each, peak plan / preload. [Fig. 6]
 - tradeoff: ResNet50V2 re-planned over M_peak and lambda, each measured (peak, time). [Fig. 8]
 - solver: LC-OPG on real layer lists — DenseNet201's streaming layers (measured capacities) and GPT-Neo
@@ -84,8 +84,8 @@ MODELS = {"ResNet50V2": "resnet50v2_224", "DenseNet201": "densenet201_224", "Inc
           "VGG19": "vgg19_224"}
 MODES = ("preload", "plan", "always-next", "same-op-type", "eager")
 XNNPACK_ONLY = "plan-xnnpack"  # the same plan with every segment on XNNPACK (flashmem.segment_kernels xnnpack)
-SEGMENT_LEAD = "plan-segment-lead"  # the same plan, its reads led by segments only (flashmem.read_in_time false)
-VARIANTS = {XNNPACK_ONLY: {"segment_kernels": "xnnpack"}, SEGMENT_LEAD: {"read_in_time": False}}
+IN_TIME = "plan-in-time"  # the same plan, its reads also moved to when the readers need them (read_in_time true)
+VARIANTS = {XNNPACK_ONLY: {"segment_kernels": "xnnpack"}, IN_TIME: {"read_in_time": True}}
 NO_LEAD = "plan-no-lead"  # the solver's placement as it was before the read lead (solve_share 1, read_lead 1)
 READ_FLOOR = "read-floor"  # the segments read cold and hashed, nothing else: a streamed request's floor here
 CLASS = "coral-usb-emulated"  # its CPU is measured here; nothing of its (emulated) Edge TPU enters
@@ -536,11 +536,10 @@ def main() -> int:
                 "xnnpack_only_latency_ratio": s[XNNPACK_ONLY]["ms"] / pre["ms"],
                 "xnnpack_only_peak_ratio": s[XNNPACK_ONLY]["peak_bytes"] / pre["peak_bytes"],
                 "always_next_over_xnnpack_only": s["always-next"]["ms"] / s[XNNPACK_ONLY]["ms"],
-                # the reads moved to when the readers need them to start (``lead.in_time``), in the same rounds:
-                # the same plan led by segments only
-                "segment_lead_latency_ratio": s[SEGMENT_LEAD]["ms"] / pre["ms"],
-                "segment_lead_peak_ratio": s[SEGMENT_LEAD]["peak_bytes"] / pre["peak_bytes"],
-                "always_next_over_segment_lead": s["always-next"]["ms"] / s[SEGMENT_LEAD]["ms"],
+                # the same plan, its reads also moved to when the readers need them to start (``lead.in_time``)
+                "in_time_latency_ratio": s[IN_TIME]["ms"] / pre["ms"],
+                "in_time_peak_ratio": s[IN_TIME]["peak_bytes"] / pre["peak_bytes"],
+                "always_next_over_in_time": s["always-next"]["ms"] / s[IN_TIME]["ms"],
                 # the read lead's effect, in the same interleaved rounds: the solver's placement as it was (all
                 # XNNPACK, as before the kernel choice)
                 "no_lead_latency_ratio": s[NO_LEAD]["ms"] / pre["ms"],
@@ -568,7 +567,7 @@ def main() -> int:
                                                             for m in per_model.values()])
             result["xnnpack_only_peak_ratio"] = geomean([m["xnnpack_only_peak_ratio"] for m in per_model.values()])
             result["no_lead_peak_ratio"] = geomean([m["no_lead_peak_ratio"] for m in per_model.values()])
-            for key in ("segment_lead_latency_ratio", "segment_lead_peak_ratio"):
+            for key in ("in_time_latency_ratio", "in_time_peak_ratio"):
                 result[key] = geomean([m[key] for m in per_model.values()])
             vgg = per_model.get("VGG19")
             result["always_next_over_plan"] = {"value": vgg["always_next_over_plan"] if vgg else None,

@@ -37,7 +37,7 @@ DEFAULTS: dict = {
     "flashmem": {"max_segment_bytes": 16 * 1024 * 1024, "verify_samples": 2, "chunk_bytes": 64 * 1024,
                  "objective": "resident", "lambda": 0.9, "window": 100, "lookback": 100, "time_limit_s": 10.0,
                  "capacity_rounds": 5, "m_peak_ram_share": 0.25, "m_peak_bytes": None, "min_segment_ms": 5.0,
-                 "solve_share": 0.7, "read_lead": 4, "read_in_time": True, "segment_kernels": "fastest"},
+                 "solve_share": 0.7, "read_lead": 4, "read_in_time": False, "segment_kernels": "fastest"},
     "parallax": {"workers": 2, "margin": 0.4, "budget_bytes": None, "min_nodes": 3, "beta": 1.5, "repeats": 9,
                  "confirm_repeats": 15, "confirm_min_gain": 0.01, "verify_samples": 2, "force": False},
     "spatial": {"threshold": 0.15, "dims": ["H"], "verify_samples": 2},

@@ -47,7 +47,8 @@ def planned(compiled, tmp_path_factory):
     # half the all-preloaded footprint, or what two neighbours need
     plan, path = plan_flashmem(root, "sq-solo", p, m_peak=max(footprint // 2, min_m_peak(prob) * 5 // 4),
                                variants={"flashmem-packed": {"segment_kernels": "xnnpack"},
-                                         "flashmem-no-lead": {"read_lead": 1, "read_in_time": False}})
+                                         "flashmem-no-lead": {"read_lead": 1},
+                                         "flashmem-in-time": {"read_in_time": True}})
     return root, d, p, plan, path
 
 
@@ -67,9 +68,9 @@ def test_variants_are_made_from_the_same_solve_and_segments(planned):
     """The bench's comparisons: the same solved and cut plan, finished with other kernels or another lead."""
     root, d, p, plan, path = planned
     (m,) = plan.models
-    packed, bare = ((FlashMemPlan.load(path.parent / f"{stem}.json")).models[0]
-                    for stem in ("flashmem-packed", "flashmem-no-lead"))
-    for v in (packed, bare):
+    packed, bare, early = ((FlashMemPlan.load(path.parent / f"{stem}.json")).models[0]
+                           for stem in ("flashmem-packed", "flashmem-no-lead", "flashmem-in-time"))
+    for v in (packed, bare, early):
         assert [(s.file, s.sha256) for s in v.segments] == [(s.file, s.sha256) for s in m.segments]
         assert v.plan.windows == m.plan.windows and v.plan.solve_m_peak == m.plan.solve_m_peak
     assert {s.kernels for s in packed.segments} == {"xnnpack"}
@@ -81,8 +82,14 @@ def test_variants_are_made_from_the_same_solve_and_segments(planned):
     prices = measured(prob, runs, footprints_of(bare.segments))
     # no lead: the solver's placement as the runtime carries it out, which the lead only moves earlier
     assert bare.plan.read_lead == 1 and bare.plan.weights == shifted(prices, bare.plan, runs).weights
-    first = {w.layer: min((ld.layer for ld in w.loads), default=-1) for w in bare.plan.weights}
-    assert all(min((ld.layer for ld in w.loads), default=-1) <= first[w.layer] for w in m.plan.weights)
+    def first_reads(v) -> dict[int, int]:
+        return {w.layer: min((ld.layer for ld in w.loads), default=-1) for w in v.plan.weights}
+
+    # the lead reads earlier than the solver's placement, and in time earlier still (or as early), within M_peak
+    assert not m.plan.read_in_time and early.plan.read_in_time and early.plan.read_lead == m.plan.read_lead
+    for late, led in ((first_reads(bare), first_reads(m)), (first_reads(m), first_reads(early))):
+        assert led.keys() == late.keys() and all(led[i] <= late[i] for i in late)
+    assert shifted(prices, early.plan, runs).peak_resident_bytes <= plan.m_peak
 
 
 def test_the_prediction_counts_what_each_cut_segment_holds(planned):

@@ -7,8 +7,8 @@ M_peak, then the segments the plan runs — runs of layers (``plan.groups``, the
 ``flashmem.min_segment_ms``: ``merge``) cut from ``stream/model_split.tflite`` into
 ``deployments/<name>/flashmem/<model>/`` — each named in the plan by its sha256. The plan recorded is the solver's
 shifted to what the runtime does over those segments, its reads then given up to ``flashmem.read_lead`` segments of
-lead within M_peak (``lead.hoist``), and more where the readers, reading in turn at their measured rate, would not
-have a segment in before its measured invokes reach it (``flashmem.read_in_time``, ``lead.in_time``), its
+lead within M_peak (``lead.hoist``) — with ``flashmem.read_in_time``, more where the readers, reading in turn at
+their measured rate, would not have a segment in before its measured invokes reach it (``lead.in_time``) —, its
 predicted residency from what the cut segments hold, measured here once
 built (``profile.footprint``), and the activations the runtime keeps between them (from the graph), less what the
 runtime has not loaded yet while a segment shorter than its loads runs (``merge.expected``, at the readers' cold
@@ -181,7 +181,7 @@ class _Finishing:
 
 def _finishing(settings: dict) -> _Finishing:
     lead, kernels, in_time = settings["read_lead"], settings.get("segment_kernels", "fastest"), \
-        settings.get("read_in_time", True)
+        settings.get("read_in_time", False)
     if isinstance(lead, bool) or not isinstance(lead, int | float) or lead != int(lead) or lead < 1:
         raise PlanError(f"flashmem.read_lead must be a whole number of segments, at least 1, got {lead!r}")
     if kernels not in SEGMENT_KERNELS:

@@ -76,9 +76,10 @@ def in_time(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]], in
     """Per streamed segment, the last position from which its reads give the readers time to have it in, built,
     before its turn: the request played backwards, the compute thread reaching position k after segments 0..k-1's
     invokes (measured), the readers reading the streamed segments one after another, in order, at ``read_mb_s``,
-    each done before the next one's reads begin and before its own build (measured ms) must start. VGG19 here
-    (cold, fresh processes, medians of 5): its fc1 parts read 4 segments ahead, 293 ms a request at 52.8 MiB; 8
-    ahead, 237 ms at 71.3 MiB — the tail's reads (123 MB of fully-connected weights) are what it waits for."""
+    each done before the next one's reads begin and before its own build (measured ms) must start. Measured
+    (``flashmem.read_in_time``, off by default): VGG19's fully-connected parts then read beside its convolutions,
+    its peak at M_peak (74 MiB against 53 led by segments only), its request no faster on this host in the
+    bench's 11 interleaved rounds (324 against 327 ms; 337 against 368 in 5 rounds before)."""
     if read_mb_s <= 0:
         raise ValueError(f"a read rate of {read_mb_s} MB/s")
     seg = {layer: k for k, (a, b) in enumerate(runs) for layer in range(a, b + 1)}
