@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import re
 import shutil
 from functools import partial
 
@@ -181,6 +182,7 @@ def test_bad_inputs_say_what_to_run(planned, tmp_path):
     for key, value, says in (("solve_share", 0.0, r"solve_share must be in \(0, 1\], got 0.0"),
                              ("read_lead", 0, "read_lead must be a whole number of segments, at least 1, got 0"),
                              ("read_lead", 2.5, "read_lead must be a whole number .* got 2.5"),
+                             ("read_lead", float("inf"), "read_lead must be a whole number .* got inf"),
                              ("read_in_time", "yes", "read_in_time must be true or false, got 'yes'"),
                              ("segment_kernels", "gpu", "segment_kernels must be one of fastest, xnnpack, got 'gpu'")):
         bad = copy.deepcopy(p)
@@ -189,8 +191,9 @@ def test_bad_inputs_say_what_to_run(planned, tmp_path):
             plan_flashmem(root, "sq-solo", bad)
     with pytest.raises(PlanError, match="segment_kernels must be one of fastest, xnnpack, got 'cpu'"):
         plan_flashmem(root, "sq-solo", p, variants={"other": {"segment_kernels": "cpu"}})
-    with pytest.raises(PlanError, match="a plan variant named '../x'"):
-        plan_flashmem(root, "sq-solo", p, variants={"../x": {}})
+    for stem in ("../x", "swapless", "flashmem"):  # a path, or another plan's file: refused
+        with pytest.raises(PlanError, match=f"a plan variant named '{re.escape(stem)}'"):
+            plan_flashmem(root, "sq-solo", p, variants={stem: {}})
     # refused before anything is written: the plan and its segments are as they were
     assert segments and sorted((path.parent.parent / "flashmem").rglob("*.tflite")) == segments
     assert [path.read_bytes(), *(f.read_bytes() for f in segments)] == kept

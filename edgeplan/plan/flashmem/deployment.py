@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeplan.artifacts import StreamInfo, write_bytes_atomic
+from edgeplan.bundle.validate import PLANNERS
 from edgeplan.errors import ArtifactError, PlanError, ProfileError
 from edgeplan.pipeline.planning import deployment, resolve_version
 from edgeplan.plan.flashmem import lcopg
@@ -95,8 +96,9 @@ def plan_flashmem(root: Path, name: str, params: dict, m_peak: int | None = None
         raise PlanError(f"flashmem.solve_share must be in (0, 1], got {share}")
     finishes = {"flashmem": _finishing(settings)}
     for stem, override in (variants or {}).items():
-        if stem == "flashmem" or not stem.replace("-", "").replace("_", "").isalnum():
-            raise PlanError(f"a plan variant named {stem!r}: use letters, digits, - and _, and not 'flashmem'")
+        if stem in PLANNERS or not stem.replace("-", "").replace("_", "").isalnum():
+            raise PlanError(f"a plan variant named {stem!r}: use letters, digits, - and _, and no planner's name "
+                            f"({', '.join(PLANNERS)})")
         finishes[stem] = _finishing({**settings, **override})
     measure_unpacked = any(f.kernels != "xnnpack" for f in finishes.values())
     models: dict[str, list[ModelStreamPlan]] = {stem: [] for stem in finishes}
@@ -182,7 +184,8 @@ class _Finishing:
 def _finishing(settings: dict) -> _Finishing:
     lead, kernels, in_time = settings["read_lead"], settings.get("segment_kernels", "fastest"), \
         settings.get("read_in_time", False)
-    if isinstance(lead, bool) or not isinstance(lead, int | float) or lead != int(lead) or lead < 1:
+    if isinstance(lead, bool) or not isinstance(lead, int | float) or not math.isfinite(lead) or lead != int(lead) \
+            or lead < 1:
         raise PlanError(f"flashmem.read_lead must be a whole number of segments, at least 1, got {lead!r}")
     if kernels not in SEGMENT_KERNELS:
         raise PlanError(f"flashmem.segment_kernels must be one of {', '.join(SEGMENT_KERNELS)}, got {kernels!r}")
