@@ -83,6 +83,7 @@ def test_variants_are_made_from_the_same_solve_and_segments(planned):
     prices = measured(prob, runs, footprints_of(bare.segments))
     # no lead: the solver's placement as the runtime carries it out, which the lead only moves earlier
     assert bare.plan.read_lead == 1 and bare.plan.weights == shifted(prices, bare.plan, runs).weights
+
     def first_reads(v) -> dict[int, int]:
         return {w.layer: min((ld.layer for ld in w.loads), default=-1) for w in v.plan.weights}
 
@@ -90,7 +91,10 @@ def test_variants_are_made_from_the_same_solve_and_segments(planned):
     assert not m.plan.read_in_time and early.plan.read_in_time and early.plan.read_lead == m.plan.read_lead
     for late, led in ((first_reads(bare), first_reads(m)), (first_reads(m), first_reads(early))):
         assert led.keys() == late.keys() and all(led[i] <= late[i] for i in late)
-    assert shifted(prices, early.plan, runs).peak_resident_bytes <= plan.m_peak
+    # within M_peak, or the solver's own placement's peak at these prices when that is above it (``hoist``)
+    limit = max(plan.m_peak, shifted(prices, bare.plan, runs).peak_resident_bytes)
+    assert shifted(prices, early.plan, runs).peak_resident_bytes <= limit
+    assert shifted(prices, m.plan, runs).peak_resident_bytes <= limit
 
 
 def test_the_prediction_counts_what_each_cut_segment_holds(planned):
@@ -104,13 +108,13 @@ def test_the_prediction_counts_what_each_cut_segment_holds(planned):
     runs = [(s.first_layer, s.last_layer) for s in m.segments]
     # the solver plans within solve_share of M_peak as the profile's figures price it; the read lead then takes
     # the rest as what the cut segments hold prices it (the ledger, every load beside its segment), so the plan
-    # recorded keeps M_peak at those prices; the prediction recorded also leaves out what the runtime has not
-    # loaded yet (``expected``)
+    # recorded keeps M_peak at those prices — unless the solver's placement, so priced, was already above it
+    # (measured figures vary: then the lead keeps that peak, ``test_variants_...``); the prediction recorded also
+    # leaves out what the runtime has not loaded yet (``expected``)
     assert shifted(prob, m.plan, runs).weights == m.plan.weights
     fps = footprints_of(m.segments)
     prices = measured(prob, runs, fps)
     assert m.plan.solve_m_peak < plan.m_peak and m.plan.read_lead == 4
-    assert shifted(prices, m.plan, runs).peak_resident_bytes <= plan.m_peak
     assert m.read_mb_s > 0 and all(s.build_ms > 0 and s.invoke_ms > 0 for s in m.segments)
     assert expected(prices, shifted(prices, m.plan, runs), runs, fps, m.read_mb_s).resident_bytes == \
         m.plan.resident_bytes
