@@ -58,6 +58,17 @@ def publish(name: str, result: dict, plot, keys: tuple[str, ...]) -> Path:
     return path
 
 
+def child_json(script: str, spec: dict, label: str) -> dict:
+    """``python script --child SPEC`` (the repository on PYTHONPATH), in a fresh process: its last stdout line as
+    JSON; a failure raises naming ``label`` and the child's last stderr line."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    res = subprocess.run([sys.executable, script, "--child", json.dumps(spec)], env=env, capture_output=True,
+                         text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"child {label} failed: {res.stderr.strip().splitlines()[-1:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
 def second_core() -> dict:
     """The speed probe alone, then two probes at once in two processes: median ms of each."""
     code = ("from edgeplan.profile import cpu; import statistics, time\n"

@@ -76,7 +76,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from _common import machine, publish, pyplot, second_core  # noqa: E402
+from _common import child_json, machine, publish, pyplot, second_core  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 EDGEPLAN = [sys.executable, "-m", "edgeplan.cli"]
@@ -222,12 +222,7 @@ def child(spec: dict) -> dict:
 
 
 def run_child(spec: dict) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env, capture_output=True,
-                         text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"child {spec['mode']} failed: {res.stderr.strip().splitlines()[-1:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    return child_json(__file__, spec, spec["mode"])
 
 
 def model_input(d: Path) -> Path:
