@@ -16,8 +16,10 @@ interleaved rounds, medians:
   so a segment could travel as a flatbuffer plus its packed weights — and a cache miss would pack the zeros
   silently, so this is a lead only where the cache is made and checked where it runs.
 
-A Python thread counts while the builds run: its count per ms against its idle rate is the share of the GIL the
-builds leave (``gil_share``: the runtime's readers and compute thread need it between native calls).
+Then, in the same process, the same builds again (warm) beside a Python thread that counts, at the runtime's 1 ms
+switch interval: its count per second against its idle rate is the share of the GIL the builds leave
+(``gil_share``: the runtime's readers and compute thread need it between native calls), and the builds' time
+beside it (``build_ms_beside_python``) what a busy Python thread costs them.
 
 Keys (ratios are fractions): build_ms_ratio / zeroed_build_ms_ratio: geometric means over the models of the
 median summed build ms, cached (zeroed) / interpreter; total_ms_ratio: read + build + first invoke, cached /
@@ -140,31 +142,41 @@ def child(spec: dict) -> dict:
     drop_cache(files + (caches if config != "interpreter" else []))
     first = Path(segs[0]).read_bytes()  # one-time costs, as the runtime pays them before its first request
     litert.interpreter(first, deterministic=False) if config == "interpreter" else _compiled(first, "")
-    counter = _Counter()
-    counter.thread.start()
-    idle = counter.rate(0.05)
+
+    def build(k: int, blob: bytes):
+        return litert.interpreter(blob, deterministic=False) if config == "interpreter" else _compiled(blob, caches[k])
+
     read_ms = build_ms = invoke_ms = 0.0
-    counted, digests = 0, []
-    for k, path in enumerate(files):
+    digests, blobs = [], []
+    for k, path in enumerate(files):  # cold, nothing else running: what a request's segments cost
         t = time.perf_counter()
         blob = Path(path).read_bytes()
         if config != "interpreter":  # read ahead as the runtime's readers would: the build then maps warm pages
             _read_through(caches[k])
         read_ms += (time.perf_counter() - t) * 1e3
-        n0, t = counter.n, time.perf_counter()
-        if config == "interpreter":
-            it = litert.interpreter(blob, deterministic=False)
-        else:
-            it = _compiled(blob, caches[k])
+        t = time.perf_counter()
+        it = build(k, blob)
         build_ms += (time.perf_counter() - t) * 1e3
-        counted += counter.n - n0
         out = _run(it, config == "interpreter", np.random.default_rng(k))
         invoke_ms += out.pop("_ms")
         digests.append({n: hashlib.sha256(v.tobytes()).hexdigest() for n, v in sorted(out.items())})
-        del it, blob
+        blobs.append(blob)
+        del it
+    # then the same builds (warm) beside a Python thread that counts, at the runtime's 1 ms switch interval: the
+    # share of its idle rate it keeps is the GIL the builds leave; the builds' time beside it, what a build costs
+    # the runtime's compute and reader threads' Python work costs the build
+    sys.setswitchinterval(0.001)
+    counter = _Counter()
+    counter.thread.start()
+    idle = counter.rate(0.05)
+    n0, t = counter.n, time.perf_counter()
+    for k, blob in enumerate(blobs):
+        build(k, blob)
+    beside = time.perf_counter() - t
+    counted = counter.n - n0
     counter.stop = True
-    return {"read_ms": read_ms, "build_ms": build_ms, "invoke_ms": invoke_ms,
-            "gil_share": counted / (build_ms / 1e3) / idle if build_ms else 0.0, "digests": digests}
+    return {"read_ms": read_ms, "build_ms": build_ms, "invoke_ms": invoke_ms, "gil_share": counted / beside / idle,
+            "build_ms_beside_python": beside * 1e3, "digests": digests}
 
 
 def _read_through(path: str, block: int = 1 << 20) -> None:
@@ -242,7 +254,8 @@ def main() -> int:
                 runs[c].append(run_child({**spec, "config": c}))
             fm.log(f"  {name}: round {r + 1}/{args.rounds}")
         med = {c: {k: statistics.median(x[k] for x in runs[c]) for k in ("read_ms", "build_ms", "invoke_ms",
-                                                                          "gil_share")} for c in CONFIGS}
+                                                                          "gil_share", "build_ms_beside_python")}
+               for c in CONFIGS}
         want = runs["interpreter"][0]["digests"]
         same = all(x["digests"] == want for c in CONFIGS for x in runs[c])
         total = {c: med[c]["read_ms"] + med[c]["build_ms"] + med[c]["invoke_ms"] for c in CONFIGS}
