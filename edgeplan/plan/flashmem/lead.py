@@ -15,6 +15,7 @@ shadows). Reads beyond a layer's capacity C_l are recounted in the plan's ``over
 """
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import replace
 
@@ -94,7 +95,7 @@ def in_time(problem: Problem, plan: OverlapPlan, runs: list[tuple[int, int]], in
     for k in reversed(range(len(runs))):
         if kib[k]:
             nxt = min(nxt, reach[k] - build_ms[k]) - kib[k] * KIB / (read_mb_s * 1e3)
-            due[k] = max([0, *(p for p in range(k) if reach[p] <= nxt)])
+            due[k] = max(0, bisect.bisect_right(reach, nxt, 0, k) - 1)  # reach is non-decreasing
     return due
 
 
