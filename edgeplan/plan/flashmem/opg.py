@@ -13,7 +13,7 @@ Constraints, numbered as the paper:
 Only layers that can hold an optimum get a weight's variables (``build_layers``, ``read_layers``: those with
 capacity left, and the last one without), an exact reduction checked against brute force in both tiers:
 DenseNet201's two soft windows (Table 4's row, 10 s each) went from gap 0.999 and a fall to greedy latest-fit
-(stop 70) to gaps 0.28 / 0.12 (stop 71's bench run).
+with every layer's variables to gaps 0.28 / 0.12 with these.
 Objectives (λ in per-mille, memory in KiB):
   ``paper``    λ·sum_{w in W} |w| + (1-λ)·sum_w |w|·(i_w - z_w)             (§3.1.1, bytes-weighted)
   ``resident`` λ·sum_{w in W} |w| + (1-λ)·sum_{w,l} (x_{w,l}·chunk + y_{w,l}·packed)·(i_w - l)   (linear)
