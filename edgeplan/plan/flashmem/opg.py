@@ -176,6 +176,16 @@ def solve(problem: Problem, ledger: Ledger, ws: list[int], soft: bool = False,
                 m.Add(e[a] <= e[b])
             for ell in x:
                 m.Add(x[ell] <= t * e[ell])  # (C1)
+            # a cut the LP needs: w is read by its build layer, so e_l >= [built at l or before] = 1 - p - [built
+            # after l] (the bracket of the next layer that may build it). Without it the LP bound stays at the
+            # objective's domain floor: DenseNet201's first window (Table 4, paper, 10 s) ends FEASIBLE, gap 0.99;
+            # with it and the LP-heavy subsolver below, OPTIMAL in 4.6 s
+            for ell in starts:
+                nxt = min((k for k in after if k > ell), default=None)
+                if nxt is not None:
+                    m.Add(e[ell] + after[nxt] >= 1 - p)
+                elif after or ell >= max(y):
+                    m.Add(e[ell] >= 1 - p)
             order[i] = e
             objective.append((1000 - lam) * t * ck * sum(e[a] * (b - a) for a, b in zip(starts, [*starts[1:], i])))
         else:
@@ -226,19 +236,20 @@ def solve(problem: Problem, ledger: Ledger, ws: list[int], soft: bool = False,
     solver.parameters.num_workers = problem.workers
     solver.parameters.max_time_in_seconds = problem.time_limit_s
     solver.parameters.random_seed = 0
-    if problem.objective == "resident":
-        # measured on Table 4's GPT-Neo-125M row (604 layers, one window, 2 workers): OPTIMAL in 3.5 s with the
-        # LP-heavy subsolver first and no probing in presolve, 13.5-14.3 s with the defaults (probing alone: 8.2 s,
-        # max_lp alone: 6.8 s); the `paper` objective's windows are no faster with either, so keep the defaults
-        solver.parameters.subsolvers.extend(["max_lp", "default_lp", "core"])
-        solver.parameters.cp_model_probing_level = 0
-        if not soft:
-            # the hint is CP-SAT's first solution only, not a phase of search kept near it: from greedy's placement
-            # that phase held the proof back (GPT-Neo-1.3B, one window: OPTIMAL in 6.8-6.9 s without it, 15.6-16.6 s
-            # with it, 8.2-10.7 s with no hint at all). The soft tier keeps it: on the bench's four models' soft
-            # windows it moved the gaps both ways (InceptionV3 0.30 -> 0.03, VGG19 0.00 -> 0.01, ResNet50V2 0.04 ->
-            # 0.05) and the plans' cold latency with them (interleaved, 11 rounds: geometric mean 0.841 vs 0.826)
-            solver.parameters.hint_conflict_limit = 0
+    # measured on Table 4's GPT-Neo-125M row (604 layers, `resident`, one window, 2 workers): OPTIMAL in 3.5 s with
+    # the LP-heavy subsolver first and no probing in presolve, 13.5-14.3 s with the defaults (probing alone: 8.2 s,
+    # max_lp alone: 6.8 s). The `paper` objective with the cut above: DenseNet201's first window OPTIMAL in 4.6 s
+    # (the defaults: FEASIBLE, gap 0.99; its soft window spent 8.9 of its 10 s probing in presolve and found
+    # nothing, falling to greedy), GPT-Neo-1.3B's 12 windows at most 3.0 s (5.9 s with the defaults)
+    solver.parameters.subsolvers.extend(["max_lp", "default_lp", "core"])
+    solver.parameters.cp_model_probing_level = 0
+    if not soft:
+        # the hint is CP-SAT's first solution only, not a phase of search kept near it: from greedy's placement
+        # that phase held the proof back (GPT-Neo-1.3B, one window: OPTIMAL in 6.8-6.9 s without it, 15.6-16.6 s
+        # with it, 8.2-10.7 s with no hint at all). The soft tier keeps it: on the bench's four models' soft
+        # windows it moved the gaps both ways (InceptionV3 0.30 -> 0.03, VGG19 0.00 -> 0.01, ResNet50V2 0.04 ->
+        # 0.05) and the plans' cold latency with them (interleaved, 11 rounds: geometric mean 0.841 vs 0.826)
+        solver.parameters.hint_conflict_limit = 0
     code = solver.Solve(m)
     status = solver.StatusName(code)
     seconds = time.perf_counter() - t0
