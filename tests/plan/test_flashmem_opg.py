@@ -67,9 +67,14 @@ def _evaluate(p: Problem, plans: list[WeightPlan]):
     return mem, read, build, {"paper": paper, "resident": resident}
 
 
+def _within_m_peak(p: Problem, mem) -> bool:
+    return max(mem) <= p.m_peak / 1024 + 1e-9
+
+
 def _feasible(p: Problem, mem, read, build) -> bool:
-    return all(mem[ell] <= p.m_peak / 1024 + 1e-9 and read[ell] <= p.layers[ell].capacity_chunks * S / 1024 + 1e-9
-               and build[ell] <= p.layers[ell].capacity_build_ms + 1e-9 for ell in range(p.n))
+    return _within_m_peak(p, mem) and all(read[ell] <= p.layers[ell].capacity_chunks * S / 1024 + 1e-9
+                                          and build[ell] <= p.layers[ell].capacity_build_ms + 1e-9
+                                          for ell in range(p.n))
 
 
 def _brute_force(p: Problem, soft: bool = False) -> float | None:
@@ -80,7 +85,7 @@ def _brute_force(p: Problem, soft: bool = False) -> float | None:
     weights = [i for i in range(p.n) if p.layers[i].weight_bytes]
     for combo in itertools.product(*(list(_options(p, i)) for i in weights)):
         mem, read, build, obj = _evaluate(p, list(combo))
-        if soft and all(mem[ell] <= p.m_peak / 1024 + 1e-9 for ell in range(p.n)):
+        if soft and _within_m_peak(p, mem):
             total = obj[p.objective] + (p.lookback + 2) * _over(p, read, build)
         elif not soft and _feasible(p, mem, read, build):
             total = obj[p.objective]
@@ -149,7 +154,7 @@ def test_the_soft_tier_matches_the_brute_force_optimum(p):
         return
     assert got.status == "OPTIMAL"
     mem, read, build, obj = _evaluate(p, list(got.weights))
-    assert max(mem) <= p.m_peak / 1024 + 1e-9
+    assert _within_m_peak(p, mem)
     assert obj[p.objective] + (p.lookback + 2) * _over(p, read, build) == pytest.approx(want, abs=1e-6)
     assert got.objective == pytest.approx(want, abs=1e-6)
 
