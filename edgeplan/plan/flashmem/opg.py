@@ -150,7 +150,7 @@ def solve(problem: Problem, ledger: Ledger, ws: list[int], soft: bool = False,
             # either and only holds the packed bytes longer. Fixed there (y = 1 - p), CP-SAT need not find that
             # (Table 4's GPT-Neo rows, shapes only, build nothing: 1.3B's one `resident` window FEASIBLE, gap
             # 0.003, after 30 s -> OPTIMAL in 8-10 s; 125M 7.3-9.4 s -> 1.0-2.1 s)
-            y, after = {loads[-1]: 1 - p}, {}
+            y, after, bracket = {loads[-1]: 1 - p}, {}, {}
         else:
             y = {ell: m.NewBoolVar(f"y{i}_{ell}") for ell in builders}
             m.Add(p + sum(y.values()) == 1)
@@ -177,14 +177,14 @@ def solve(problem: Problem, ledger: Ledger, ws: list[int], soft: bool = False,
             for ell in x:
                 m.Add(x[ell] <= t * e[ell])  # (C1)
             # a cut the LP needs: w is read by its build layer, so e_l >= [built at l or before] = 1 - p - [built
-            # after l] (the bracket of the next layer that may build it). Without it the LP bound stays at the
-            # objective's domain floor: DenseNet201's first window (Table 4, paper, 10 s) ends FEASIBLE, gap 0.99;
-            # with it and the LP-heavy subsolver below, OPTIMAL in 4.6 s
+            # after l], the bracket of layer l + 1 (none after the last layer of L(w), and a free build is at that
+            # layer). Without it the LP bound stays at the objective's domain floor: DenseNet201's first window
+            # (Table 4, paper, 10 s) ends FEASIBLE, gap 0.99; with it and the LP-heavy subsolver below, OPTIMAL in
+            # 3.8-5.3 s (three solves)
             for ell in starts:
-                nxt = min((k for k in after if k > ell), default=None)
-                if nxt is not None:
-                    m.Add(e[ell] + after[nxt] >= 1 - p)
-                elif after or ell >= max(y):
+                if ell + 1 in bracket:
+                    m.Add(e[ell] + bracket[ell + 1] >= 1 - p)
+                elif ell == loads[-1]:
                     m.Add(e[ell] >= 1 - p)
             order[i] = e
             objective.append((1000 - lam) * t * ck * sum(e[a] * (b - a) for a, b in zip(starts, [*starts[1:], i])))
@@ -240,7 +240,8 @@ def solve(problem: Problem, ledger: Ledger, ws: list[int], soft: bool = False,
     # the LP-heavy subsolver first and no probing in presolve, 13.5-14.3 s with the defaults (probing alone: 8.2 s,
     # max_lp alone: 6.8 s). The `paper` objective with the cut above: DenseNet201's first window OPTIMAL in 4.6 s
     # (the defaults: FEASIBLE, gap 0.99; its soft window spent 8.9 of its 10 s probing in presolve and found
-    # nothing, falling to greedy), GPT-Neo-1.3B's 12 windows at most 3.0 s (5.9 s with the defaults)
+    # nothing, falling to greedy), GPT-Neo-1.3B's longest of 12 windows 3.0-6.7 s (four solves; 5.9-8.5 s, three, with
+    # the defaults)
     solver.parameters.subsolvers.extend(["max_lp", "default_lp", "core"])
     solver.parameters.cp_model_probing_level = 0
     if not soft:
