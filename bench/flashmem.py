@@ -3,7 +3,8 @@
 Writes bench/results/flashmem.json and flashmem.png. Nothing here is EMULATED: every figure is this
 machine's CPU, its page cache and its resident set. A run without flags does everything below: about 25
 minutes from nothing (compiling the four Keras models into ``--work``: VGG19 8 min at a 16.5 GB peak), about
-12 once they are compiled (reused; the profiles too).
+12 once they are compiled (reused; the profiles too). A run of some ``--parts`` or ``--models`` only writes
+flashmem-partial.json and .png instead (not committed), so the full run's figures stay whole.
 
 Per model (ResNet50V2, DenseNet201, InceptionV3 and VGG19, seeded weights, int8): the pipeline as a user runs
 it — ``edgeplan compile``, ``edgeplan stream`` (VGG19's fc1 split), ``edgeplan profile run`` (load capacity
@@ -449,6 +450,9 @@ def geomean(xs: list[float]) -> float:
     return math.exp(statistics.mean(math.log(x) for x in xs))
 
 
+PARTS = ("models", "fifo", "tradeoff", "solver", "capacity", "probe")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", type=Path, default=REPO / ".edgeplan" / "bench" / "flashmem",
@@ -458,7 +462,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=11, help="interleaved rounds per model (fresh processes, medians)")
     ap.add_argument("--iterations", type=int, default=3, help="cold requests per configuration process")
     ap.add_argument("--fifo-iterations", type=int, default=10)
-    ap.add_argument("--parts", default="models,fifo,tradeoff,solver,capacity,probe")
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help="comma-separated, of " + ", ".join(PARTS) + " (default: all). A run of fewer parts or "
+                         "models writes flashmem-partial.json/.png, leaving the full run's flashmem.json as it is")
     ap.add_argument("--quick", action="store_true", help="2 rounds, 1 iteration, 3 FIFO iterations (marked quick)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -470,7 +476,9 @@ def main() -> int:
     from edgeplan.pipeline import params as params_mod
 
     settings = params_mod.load(None)["flashmem"]
-    parts = set(args.parts.split(","))
+    parts = {x for x in args.parts.split(",") if x}
+    if parts - set(PARTS):
+        ap.error(f"--parts: {', '.join(sorted(parts - set(PARTS)))} unknown; choose from {', '.join(PARTS)}")
     result: dict = {"machine": machine(), "quick": args.quick, "share": args.share, "rounds": args.rounds,
                     "iterations": args.iterations, "cold": True, "emulated": False,
                     "solve_share": float(settings["solve_share"]), "read_lead": int(settings["read_lead"])}
@@ -607,7 +615,8 @@ def main() -> int:
         result["second_core_free"] = second_core()
     keys = tuple(k for k in ("peak_rss_ratio", "integrated_latency_ratio", "always_next_over_plan",
                              "fifo_peak_ratio", "rss_prediction_error", "capacity_mape", "identical") if k in result)
-    publish("flashmem", result, plot, keys)
+    whole = parts == set(PARTS) and set(wanted) == set(MODELS)
+    publish("flashmem" if whole else "flashmem-partial", result, plot, keys)
     return 0
 
 
