@@ -477,8 +477,9 @@ def main() -> int:
 
     settings = params_mod.load(None)["flashmem"]
     parts = {x for x in args.parts.split(",") if x}
-    if parts - set(PARTS):
-        ap.error(f"--parts: {', '.join(sorted(parts - set(PARTS)))} unknown; choose from {', '.join(PARTS)}")
+    unknown_parts = sorted(parts - set(PARTS))
+    if unknown_parts:
+        ap.error(f"--parts: {', '.join(unknown_parts)} unknown; choose from {', '.join(PARTS)}")
     result: dict = {"machine": machine(), "quick": args.quick, "share": args.share, "rounds": args.rounds,
                     "iterations": args.iterations, "cold": True, "emulated": False,
                     "solve_share": float(settings["solve_share"]), "read_lead": int(settings["read_lead"])}
