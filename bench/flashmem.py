@@ -21,7 +21,9 @@ Keys (ratios and errors are fractions):
 - always_next_over_plan: VGG19's median request time always-next / plan; same_op_over_plan likewise; every
   model's in ``models``. [Fig. 9] Beside it, always_next_over_read_floor: always-next over the read floor (the
   plan's segments read cold and hashed by the runtime's readers, nothing built or run, interleaved with the
-  modes): no plan streams faster than that floor, so always-next / plan cannot exceed this ratio here.
+  modes): no plan streams faster than that floor, so always-next / plan cannot exceed this ratio here. And
+  always_next_over_eager (VGG19's; every model's in ``models``): always-next over ``eager``, the quickest this runtime
+  streams a request (no budget): what always-next / plan reaches with a plan as quick as eager.
 - eager_latency_ratio / eager_peak_ratio: geometric means of eager / preload (time; peak): every segment read
   from the request's start and built as soon as read, no plan and no budget — what this runtime does at best for
   time, beside the plan's figures (not a target).
@@ -42,8 +44,11 @@ Keys (ratios and errors are fractions):
 - tradeoff: ResNet50V2 re-planned over M_peak and lambda, each measured (peak, time). [Fig. 8]
 - solver: LC-OPG on real layer lists — DenseNet201's streaming layers (measured capacities) and GPT-Neo
   125M / 1.3B decoders lowered op by op from their published configs (shapes only, capacities by class:
-  the median measured C_l of DenseNet201's layers of that class) — ``paper`` objective in windows of 100,
-  per window status and seconds; ``resident`` objective as one window over the whole chain. [Table 4]
+  the median measured C_l of the measured models' layers of that class, ``class_capacity`` with the layers each is
+  of) — ``paper`` objective in windows of 100 (DenseNet201 also of 50), per window status and seconds;
+  ``resident`` objective as one window over the whole chain. [Table 4] Each row and window: what its layers ask of
+  C3 against what they offer (``scarcity``: builds against build shadows, weight KiB against read capacity); and
+  DenseNet201's per-layer builds (what the solver places) beside its plan's merged segments' measured builds.
 - capacity_mape: XGBoost slowdown model fitted on three models' measured load capacity, predicting the
   fourth's layer times beside a loader and beside a build; mean over the four held-out folds of the MAPE
   of those times. [§4.2] ``no_slowdown_mape``: the same with every layer predicted as fast as alone (the
@@ -338,16 +343,20 @@ def gpt_neo_layers(n_layer: int, d: int, vocab: int, positions: int, max_bytes: 
     return out
 
 
-def class_capacity(prob) -> dict[str, tuple[int, float]]:
-    """Median measured (C_l chunks, build-shadow ms) per op class; a class with no layer takes ``reusable``'s."""
+def class_capacity(probs: list) -> dict[str, dict]:
+    """Median measured (C_l chunks, build-shadow ms) per op class over the layers of every measured model's problem,
+    with how many layers each median is of; a class with no layer takes ``reusable``'s. Pooled: DenseNet201 alone
+    has one elemental layer, so its elemental median was one measurement (26-59 chunks on the last hosts)."""
     by: dict[str, list] = {}
-    for layer in prob.layers:
-        by.setdefault(layer.op_class, []).append(layer)
-    med = {c: (int(statistics.median(x.capacity_chunks for x in ls)),
-               statistics.median(x.capacity_build_ms for x in ls)) for c, ls in by.items()}
-    fallback = med.get("reusable", (0, 0.0))
-    return {c: (0, 0.0) if c == "hierarchical" else med.get(c, fallback) for c in ("elemental", "reusable",
-                                                                                   "hierarchical")}
+    for prob in probs:
+        for layer in prob.layers:
+            by.setdefault(layer.op_class, []).append(layer)
+    med = {c: {"chunks": int(statistics.median(x.capacity_chunks for x in ls)),
+               "build_ms": statistics.median(x.capacity_build_ms for x in ls), "layers": len(ls)}
+           for c, ls in by.items()}
+    fallback = {**med.get("reusable", {"chunks": 0, "build_ms": 0.0}), "layers": 0}
+    return {c: {"chunks": 0, "build_ms": 0.0, "layers": med.get(c, {}).get("layers", 0)} if c == "hierarchical"
+            else med.get(c, fallback) for c in ("elemental", "reusable", "hierarchical")}
 
 
 def shape_problem(ops: list[tuple[str, str, int]], caps: dict, settings: dict, objective: str, window: int,
@@ -355,12 +364,25 @@ def shape_problem(ops: list[tuple[str, str, int]], caps: dict, settings: dict, o
     from edgeplan.plan.flashmem.problem import KIB, Layer, Problem, min_m_peak
     from edgeplan.profile.capacity import op_class
 
-    layers = tuple(Layer(n, w, 0.0, op_class(op), *caps[op_class(op)]) for n, op, w in ops)
+    layers = tuple(Layer(n, w, 0.0, op_class(op), caps[op_class(op)]["chunks"], caps[op_class(op)]["build_ms"])
+                   for n, op, w in ops)
     kw = dict(chunk_bytes=int(settings["chunk_bytes"]), lam=float(settings["lambda"]), objective=objective,
               window=window, lookback=int(settings["lookback"]), time_limit_s=float(settings["time_limit_s"]))
     prob = Problem(layers, m_peak=1, **kw)
     total = sum(prob.full_kib(i) for i in range(prob.n)) * KIB
     return Problem(layers, m_peak=max(int(share * total), int(min_m_peak(prob) * 1.05)), **kw)
+
+
+def scarcity(prob, first: int, last: int) -> dict:
+    """What layers ``first``..``last`` ask of C3 and what they offer: their weights' builds against their build
+    shadows (ms), their weights' KiB against their read capacity (KiB). A window's weights may also use the
+    ``lookback`` layers before it, so a window asking more than it offers is not yet infeasible."""
+    span = range(first, last + 1)
+    return {"build_ms": round(sum(prob.layers[i].build_ms for i in span if prob.layers[i].weight_bytes), 2),
+            "shadow_ms": round(sum(prob.layers[i].capacity_build_ms for i in span), 2),
+            "weight_kib": sum(prob.chunks(i) * prob.chunk_kib(i) for i in span),
+            "read_capacity_kib": sum(prob.capacity_kib(i) for i in span),
+            "layers_with_shadow": sum(prob.layers[i].capacity_build_ms > 0 for i in span)}
 
 
 def solve_row(name: str, prob) -> dict:
@@ -370,31 +392,44 @@ def solve_row(name: str, prob) -> dict:
     p = lcopg.plan(prob)
     wall = time.perf_counter() - t0
     ws = [{"layers": [w.first, w.last], "weights": w.weights, "tier": w.tier, "why": w.why, "status": w.status,
-           "gap": w.gap, "seconds": round(w.seconds, 3)} for w in p.windows]
+           "gap": w.gap, "seconds": round(w.seconds, 3), **scarcity(prob, w.first, w.last)} for w in p.windows]
     row = {"model": name, "layers": prob.n, "weights": len(prob.weights()), "objective": prob.objective,
            "window": prob.window, "m_peak_bytes": prob.m_peak, "windows": len(ws),
            "all_optimal": all(w["status"] == "OPTIMAL" for w in ws), "tiers": sorted({w["tier"] for w in ws}),
            "max_window_s": max((w["seconds"] for w in ws), default=0.0), "wall_s": round(wall, 2),
-           "per_window": ws}
+           **scarcity(prob, 0, prob.n - 1), "per_window": ws}
     log(f"  {name} {prob.objective} window {prob.window}: {row['windows']} windows, all optimal "
         f"{row['all_optimal']}, max {row['max_window_s']:.1f} s, wall {wall:.1f} s")
     return row
 
 
-def solver(dense_dir: Path | None, settings: dict, share: float) -> dict:
-    rows = []
-    dense = problem_of(dense_dir, settings, 1) if dense_dir else None
-    if dense is not None:
-        from dataclasses import replace
+DENSE_WINDOWS = (100, 50)  # Table 4's DenseNet201 row at the issue's largest window, and beside it at half
 
-        m_peak, _ = budget(dense_dir, settings, share)
-        rows.append(solve_row("DenseNet201", replace(dense, m_peak=m_peak, objective="paper", window=100)))
-    caps = class_capacity(dense) if dense else {"elemental": (4, 0.0), "reusable": (4, 0.0), "hierarchical": (0, 0.0)}
+
+def solver(dirs: dict[str, Path], settings: dict, share: float, dense_segments=()) -> dict:
+    """Table 4's rows. ``dense_segments``: the bench plan's merged segments of DenseNet201, whose measured builds
+    are set beside the per-layer builds the solver places (one per layer)."""
+    from dataclasses import replace
+
+    rows = []
+    probs = {name: problem_of(d, settings, 1) for name, d in dirs.items()}
+    dense = probs.get("DenseNet201")
+    extra = {}
+    if dense is not None:
+        m_peak, _ = budget(dirs["DenseNet201"], settings, share)
+        for window in DENSE_WINDOWS:
+            rows.append(solve_row("DenseNet201", replace(dense, m_peak=m_peak, objective="paper", window=window)))
+        extra = {"dense_layer_build_ms": round(sum(x.build_ms for x in dense.layers), 2),
+                 "dense_segment_build_ms": round(sum(seg.build_ms for seg in dense_segments), 2),
+                 "dense_segments": len(dense_segments)}
+    caps = class_capacity(list(probs.values())) if probs else {
+        c: {"chunks": k, "build_ms": 0.0, "layers": 0} for c, k in (("elemental", 4), ("reusable", 4),
+                                                                    ("hierarchical", 0))}
     for name, cfg in GPT_NEO.items():
         ops = gpt_neo_layers(*cfg, max_bytes=int(settings["max_segment_bytes"]))
         rows.append(solve_row(name, shape_problem(ops, caps, settings, "paper", 100, share)))
         rows.append(solve_row(name, shape_problem(ops, caps, settings, "resident", len(ops), share)))
-    return {"rows": rows, "class_capacity": {c: {"chunks": k, "build_ms": b} for c, (k, b) in caps.items()}}
+    return {"rows": rows, "class_capacity": caps, "class_capacity_from": list(probs), **extra}
 
 
 # ---------------------------------------------------------------------------------------------- capacity model
@@ -533,6 +568,10 @@ def main() -> int:
                 "read_floor_ms_runs": [round(r["requests"][0]["ms"], 2) for r in runs[READ_FLOOR]],
                 # no plan streams faster than its segments can be read cold: always-next / plan is at most this
                 "always_next_over_read_floor": s["always-next"]["ms"] / floor,
+                # eager (every read at the start, every build as soon as read, no budget) is the quickest this
+                # runtime streams a request here; a plan within M_peak beating always-next by more than this would
+                # have to beat eager too
+                "always_next_over_eager": s["always-next"]["ms"] / s["eager"]["ms"],
                 "always_next_peak_over_plan": s["always-next"]["peak_bytes"] / s["plan"]["peak_bytes"],
                 "eager_latency_ratio": s["eager"]["ms"] / pre["ms"],
                 "eager_peak_ratio": s["eager"]["peak_bytes"] / pre["peak_bytes"],
@@ -577,6 +616,8 @@ def main() -> int:
             result["always_next_over_plan"] = {"value": vgg["always_next_over_plan"] if vgg else None,
                                                "model": "VGG19" if vgg else "VGG19 not measured"}
             result["same_op_over_plan"] = {"value": vgg["same_op_over_plan"] if vgg else None}
+            result["always_next_over_eager"] = {"value": vgg["always_next_over_eager"] if vgg else None,
+                                                "models": {n: m["always_next_over_eager"] for n, m in per_model.items()}}
             result["always_next_over_read_floor"] = {"value": vgg["always_next_over_read_floor"] if vgg else None,
                                                      "read_floor_ms": vgg["read_floor_ms"] if vgg else None}
             result["rss_prediction_error"] = max(m["rss_prediction_error"] for m in per_model.values())
@@ -609,7 +650,8 @@ def main() -> int:
         result["tradeoff"] = {"model": "ResNet50V2", "points": points}
     if "solver" in parts:
         log("solver: Table 4 layer lists")
-        result["solver"] = solver(dirs.get("DenseNet201"), settings, args.share)
+        dense_plan = plans.get("DenseNet201")
+        result["solver"] = solver(dirs, settings, args.share, dense_plan[0].models[0].segments if dense_plan else ())
     if "capacity" in parts and len(dirs) > 1:
         result["capacity_mape"] = capacity_mape(dirs)
     if "probe" in parts:
