@@ -343,6 +343,13 @@ def gpt_neo_layers(n_layer: int, d: int, vocab: int, positions: int, max_bytes: 
     return out
 
 
+NO_CAPACITY = {"chunks": 0, "build_ms": 0.0}
+# the GPT-Neo rows' classes when no model was measured (a run of --models without any): 4 chunks, no shadow
+UNMEASURED_CAPACITY = {"elemental": {"chunks": 4, "build_ms": 0.0, "layers": 0},
+                       "reusable": {"chunks": 4, "build_ms": 0.0, "layers": 0},
+                       "hierarchical": {**NO_CAPACITY, "layers": 0}}
+
+
 def class_capacity(probs: list) -> dict[str, dict]:
     """Median measured (C_l chunks, build-shadow ms) per op class over the layers of every measured model's problem,
     with how many layers each median is of; a class with no layer takes ``reusable``'s. Pooled: DenseNet201 alone
@@ -354,9 +361,10 @@ def class_capacity(probs: list) -> dict[str, dict]:
     med = {c: {"chunks": int(statistics.median(x.capacity_chunks for x in ls)),
                "build_ms": statistics.median(x.capacity_build_ms for x in ls), "layers": len(ls)}
            for c, ls in by.items()}
-    fallback = {**med.get("reusable", {"chunks": 0, "build_ms": 0.0}), "layers": 0}
-    return {c: {"chunks": 0, "build_ms": 0.0, "layers": med.get(c, {}).get("layers", 0)} if c == "hierarchical"
-            else med.get(c, fallback) for c in ("elemental", "reusable", "hierarchical")}
+    fallback = {**med.get("reusable", NO_CAPACITY), "layers": 0}
+    caps = {c: med.get(c, fallback) for c in ("elemental", "reusable")}
+    caps["hierarchical"] = {**NO_CAPACITY, "layers": len(by.get("hierarchical", ()))}  # 0 % threshold (Table 5)
+    return caps
 
 
 def shape_problem(ops: list[tuple[str, str, int]], caps: dict, settings: dict, objective: str, window: int,
@@ -422,9 +430,7 @@ def solver(dirs: dict[str, Path], settings: dict, share: float, dense_segments=(
         extra = {"dense_layer_build_ms": round(sum(x.build_ms for x in dense.layers), 2),
                  "dense_segment_build_ms": round(sum(seg.build_ms for seg in dense_segments), 2),
                  "dense_segments": len(dense_segments)}
-    caps = class_capacity(list(probs.values())) if probs else {
-        c: {"chunks": k, "build_ms": 0.0, "layers": 0} for c, k in (("elemental", 4), ("reusable", 4),
-                                                                    ("hierarchical", 0))}
+    caps = class_capacity(list(probs.values())) if probs else UNMEASURED_CAPACITY
     for name, cfg in GPT_NEO.items():
         ops = gpt_neo_layers(*cfg, max_bytes=int(settings["max_segment_bytes"]))
         rows.append(solve_row(name, shape_problem(ops, caps, settings, "paper", 100, share)))
@@ -616,8 +622,9 @@ def main() -> int:
             result["always_next_over_plan"] = {"value": vgg["always_next_over_plan"] if vgg else None,
                                                "model": "VGG19" if vgg else "VGG19 not measured"}
             result["same_op_over_plan"] = {"value": vgg["same_op_over_plan"] if vgg else None}
-            result["always_next_over_eager"] = {"value": vgg["always_next_over_eager"] if vgg else None,
-                                                "models": {n: m["always_next_over_eager"] for n, m in per_model.items()}}
+            result["always_next_over_eager"] = {
+                "value": vgg["always_next_over_eager"] if vgg else None,
+                "models": {n: m["always_next_over_eager"] for n, m in per_model.items()}}
             result["always_next_over_read_floor"] = {"value": vgg["always_next_over_read_floor"] if vgg else None,
                                                      "read_floor_ms": vgg["read_floor_ms"] if vgg else None}
             result["rss_prediction_error"] = max(m["rss_prediction_error"] for m in per_model.values())
