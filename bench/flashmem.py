@@ -672,7 +672,7 @@ def main() -> int:
 
 def plot(result: dict, path: Path) -> None:
     plt = pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig, axes = plt.subplots(3, 2, figsize=(13, 13), gridspec_kw={"height_ratios": [1, 1, 0.8]})
     models = result.get("models", {})
     _bars(axes[0][0], models, lambda s: s["peak_bytes"] / 2**20, "peak RSS above baseline (MiB, cold)",
           "Table 8: peak resident set per mode (measured)")
@@ -693,9 +693,35 @@ def plot(result: dict, path: Path) -> None:
     ax.set_ylabel("RSS above baseline (MiB)")
     ax.set_title("Fig. 6: FIFO of the models, cold")
     ax.legend(fontsize=8)
+    gs = axes[2][0].get_gridspec()
+    for ax in axes[2]:
+        ax.remove()
+    _windows(fig.add_subplot(gs[2, :]), result.get("solver", {}).get("rows", []))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+STATUS_COLOURS = {"OPTIMAL": "tab:green", "FEASIBLE": "tab:orange"}  # anything else (greedy, unknown): red
+
+
+def _windows(ax, rows: list[dict]) -> None:
+    """Table 4: every rolling window's solve seconds, one group of bars per row, coloured by its status."""
+    x, ticks = 0, []
+    for row in rows:
+        ws = row["per_window"]
+        bars = ax.bar(range(x, x + len(ws)), [w["seconds"] for w in ws],
+                      color=[STATUS_COLOURS.get(w["status"], "tab:red") for w in ws])
+        for bar, w in zip(bars, ws):
+            if w["tier"] != "strict":
+                bar.set_hatch("//")
+        ticks.append((x + (len(ws) - 1) / 2, f"{row['model']}\n{row['objective']} w{row['window']}"))
+        x += len(ws) + 1
+    ax.set_xticks([t for t, _ in ticks], [n for _, n in ticks], fontsize=7)
+    ax.set_ylabel("seconds per window (10 s limit)")
+    ax.axhline(5.0, color="grey", lw=0.6, ls="--")
+    ax.set_title("Table 4: LC-OPG windows, 2 CP-SAT workers (green OPTIMAL, orange FEASIBLE, red neither; "
+                 "hatched: a C4 tier past strict; dashed: 5 s)")
 
 
 def _bars(ax, models: dict, value, ylabel: str, title: str) -> None:
