@@ -414,22 +414,23 @@ def solve_row(name: str, prob) -> dict:
 DENSE_WINDOWS = (100, 50)  # Table 4's DenseNet201 row at the issue's largest window, and beside it at half
 
 
-def solver(dirs: dict[str, Path], settings: dict, share: float, dense_segments=()) -> dict:
-    """Table 4's rows. ``dense_segments``: the bench plan's merged segments of DenseNet201, whose measured builds
-    are set beside the per-layer builds the solver places (one per layer)."""
+def solver(dirs: dict[str, Path], settings: dict, share: float, dense_plan=None) -> dict:
+    """Table 4's rows. ``dense_plan``: the bench's FlashMem plan of DenseNet201, whose M_peak its rows are solved at
+    and whose merged segments' measured builds are set beside the per-layer builds the solver places."""
     from dataclasses import replace
 
     rows = []
     probs = {name: problem_of(d, settings, 1) for name, d in dirs.items()}
     dense = probs.get("DenseNet201")
     extra = {}
-    if dense is not None:
-        m_peak, _ = budget(dirs["DenseNet201"], settings, share)
+    if dense is not None and dense_plan is not None:
         for window in DENSE_WINDOWS:
-            rows.append(solve_row("DenseNet201", replace(dense, m_peak=m_peak, objective="paper", window=window)))
+            rows.append(solve_row("DenseNet201", replace(dense, m_peak=dense_plan.m_peak, objective="paper",
+                                                         window=window)))
+        segments = dense_plan.models[0].segments
         extra = {"dense_layer_build_ms": round(sum(x.build_ms for x in dense.layers), 2),
-                 "dense_segment_build_ms": round(sum(seg.build_ms for seg in dense_segments), 2),
-                 "dense_segments": len(dense_segments)}
+                 "dense_segment_build_ms": round(sum(seg.build_ms for seg in segments), 2),
+                 "dense_segments": len(segments)}
     caps = class_capacity(list(probs.values())) if probs else UNMEASURED_CAPACITY
     for name, cfg in GPT_NEO.items():
         ops = gpt_neo_layers(*cfg, max_bytes=int(settings["max_segment_bytes"]))
@@ -657,8 +658,8 @@ def main() -> int:
         result["tradeoff"] = {"model": "ResNet50V2", "points": points}
     if "solver" in parts:
         log("solver: Table 4 layer lists")
-        dense_plan = plans.get("DenseNet201")
-        result["solver"] = solver(dirs, settings, args.share, dense_plan[0].models[0].segments if dense_plan else ())
+        dense_plan = plans["DenseNet201"][0] if "DenseNet201" in plans else None
+        result["solver"] = solver(dirs, settings, args.share, dense_plan)
     if "capacity" in parts and len(dirs) > 1:
         result["capacity_mape"] = capacity_mape(dirs)
     if "probe" in parts:
