@@ -165,9 +165,10 @@ def _puller(args, server) -> None:
 
 
 def cmd_serve(args) -> int:
+    import signal
     import threading
 
-    from edgeplan.runtime.server import serve
+    from edgeplan.runtime.server import drain, serve
 
     if args.store and not (args.device_id or args.deployment):
         raise EdgeplanError("--store needs --device-id or --deployment (what to pull)")
@@ -181,13 +182,25 @@ def cmd_serve(args) -> int:
           f"{server.server_address[1]} ({how})", flush=True)
     if args.store:
         threading.Thread(target=_puller, args=(args, server), daemon=True).start()
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (systemd, `docker stop`) and Ctrl-C end the accept loop between two connections (an exception
+        # raised into it could drop one just accepted); the requests accepted are then answered
+        def stop(signum, frame):
+            threading.Thread(target=server.shutdown, daemon=True).start()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
+        server.stop_accepting()
+        left = drain(server.current.rt, args.request_timeout, server)
         server.current.rt.stop()
+        print(f"stopped serving {server.current.rt.manifest.deployment} revision "
+              f"{server.current.rt.manifest.revision}" + (f"; {left} requests or connections still open were cut" if left else
+                                                           ""), flush=True)
     return 0
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import io
 import json
 import math
+import select
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -101,6 +103,19 @@ def encode(y: np.ndarray, fmt: str, extra: dict) -> tuple[bytes, str]:
     return json.dumps({**extra, "output": y.tolist()}).encode(), "application/json"
 
 
+def drain(rt: Runtime, timeout_s: float, server: _Server | None = None) -> int:
+    """Wait up to ``timeout_s`` for the requests ``rt`` has in flight to finish (and, with ``server``, for its
+    connections to close: answered, or idle past the request timeout); returns how many are left."""
+    deadline = time.monotonic() + timeout_s
+
+    def left() -> int:
+        return max(rt.inflight, server.busy if server is not None else 0)
+
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left()
+
+
 class Current:
     """The runtime the server answers with; ``swap`` replaces it (a newly pulled revision) and retires the
     old one once its requests in flight have finished."""
@@ -110,9 +125,7 @@ class Current:
 
     def swap(self, new: Runtime, drain_s: float = 60.0) -> None:
         old, self.rt = self.rt, new
-        deadline = time.monotonic() + drain_s
-        while old.inflight and time.monotonic() < deadline:
-            time.sleep(0.05)
+        drain(old, drain_s)
         old.stop()
         del old
         refreeze()
@@ -237,6 +250,27 @@ class _Server(ThreadingHTTPServer):
     # connections the kernel holds until accepted: socketserver's 5 overflowed at ~190 new connections a second
     # (reliability campaign 5, overload: 3 of 11,693 clients reset) while handler threads held the GIL
     request_queue_size = 1024
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lock = threading.Lock()
+        self.busy = 0  # connections accepted and not yet closed: a stop waits for them (``drain``)
+
+    def process_request_thread(self, request, client_address):
+        with self.lock:
+            self.busy += 1
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.lock:
+                self.busy -= 1
+
+    def stop_accepting(self) -> None:
+        """Accept the connections already waiting in the kernel's queue (their clients have connected: closing
+        would reset them), then close the listening socket; what connects after is refused."""
+        while select.select([self.socket], [], [], 0)[0]:
+            self._handle_request_noblock()
+        self.server_close()
 
 
 def serve(rt: Runtime | Current, host: str = "127.0.0.1", port: int = 8080,

@@ -390,3 +390,52 @@ def test_loadgen_cli_in_process(device, tmp_path):
     lines = out.read_text().splitlines()
     assert lines[0] == "model,scheduled_s,latency_ms,status,lag_ms" and len(lines) - 1 == stats["requests"] > 10
     assert stats["failed"] == 0 and stats["mean_ms"] > 0
+
+
+def test_serve_cli_stops_on_sigterm_after_answering_what_it_accepted(device):
+    """`edgeplan-runtime serve` stopped by SIGTERM (what systemd and `docker stop` send) stops as Ctrl-C does: no
+    new connections, the requests in flight answered, the runtime stopped, exit 0 with a line saying so."""
+    import os
+    import re
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "edgeplan.runtime.cli", "serve", str(device), "--port", "0",
+                             "--no-adapt"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+        assert "serving" in line, proc.stderr.read()[-3000:]
+        url = re.search(r"http://[\d.]+:\d+", line).group(0)
+        x = json.dumps({"input": np.zeros((1, 3, 32, 32), np.float32).tolist()}).encode()
+        outcomes: list[str] = []
+
+        def ask():
+            req = urllib.request.Request(f"{url}/infer/tiny_cnn", data=x, method="POST",
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    json.loads(r.read())["output"]
+                    outcomes.append("answered")
+            except urllib.error.URLError as e:
+                # refused once the listening socket is closed: the request was never accepted
+                outcomes.append("refused" if isinstance(e.reason, ConnectionRefusedError) else f"broken: {e!r}")
+            except Exception as e:  # a reset or a truncated answer: an accepted request cut
+                outcomes.append(f"broken: {e!r}")
+
+        ask()
+        assert outcomes == ["answered"]
+        threads = [threading.Thread(target=ask) for _ in range(16)]
+        for t in threads:
+            t.start()
+        time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = proc.stdout.read()
+    assert code == 0, proc.stderr.read()[-3000:]
+    assert "stopped serving" in out and "cut" not in out
+    assert len(outcomes) == 17 and not [o for o in outcomes if o.startswith("broken")], outcomes
